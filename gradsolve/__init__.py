@@ -1,0 +1,24 @@
+"""gradsolve: record the steps of an adaptive ODE solve, replay them to differentiate."""
+
+from diffrax import (
+    ClipStepSizeController as ClipStepSizeController,
+    ConstantStepSize as ConstantStepSize,
+    ODETerm as ODETerm,
+    PIDController as PIDController,
+    RESULTS as RESULTS,
+    SaveAt as SaveAt,
+    StepTo as StepTo,
+)
+
+from ._mesh import RecordedMesh as RecordedMesh
+from ._replay import replay as replay
+from ._solution import Solution as Solution
+from ._solve import diffeqsolve as diffeqsolve, record as record
+from ._solver import (
+    AbstractExplicitSolver as AbstractExplicitSolver,
+    Dopri5 as Dopri5,
+    Tsit5 as Tsit5,
+)
+
+
+__version__ = "0.1.0"

@@ -1,0 +1,112 @@
+"""`RecordedMesh`: the accepted steps of an adaptive solve."""
+
+from collections.abc import Callable
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Int, Real
+
+from ._custom_types import Times
+
+
+def bucket_length(num_steps: int, max_steps: int) -> int:
+    """The number of steps a trimmed mesh keeps: the next power of two, at least 8.
+
+    Bucketing means that a mesh whose longest trajectory grows from 100 to 120 steps
+    keeps the same shape, so replays compiled for it are reused.
+    """
+    length = 8
+    while length < num_steps:
+        length *= 2
+    return min(length, max_steps)
+
+
+class RecordedMesh(eqx.Module):
+    """The steps an adaptive solve accepted, to be replayed with fixed steps.
+
+    Produced by [`gradsolve.record`][] (or `gradsolve.diffeqsolve(...).mesh`) and
+    consumed by [`gradsolve.replay`][]. A mesh recorded under `jax.vmap` has a leading
+    batch axis on every array; `trim()` then shrinks the padding to the longest
+    trajectory.
+
+    **Fields:**
+
+    - `ts`: the step boundaries in the caller's time, `ts[0] = t0`, then the end of
+        each accepted step; after the last accepted step the final time is repeated,
+        so padded steps have zero length and replay as no-ops.
+    - `num_steps`: the number of accepted steps.
+    - `step_starts`: the start of each step, recorded only when the controller had
+        `jump_ts` (a step after a jump starts just after the previous step's end);
+        `None` otherwise.
+    - `restarts`: whether each step re-evaluated its first stage (after a jump);
+        `None` when there were no `jump_ts`.
+    - `rtol`, `atol`: the tolerances the mesh was recorded at (`None` for a constant
+        step size); `norm`: the controller's error norm.
+    - `solver_type`: the class of the solver that recorded it.
+    - `result`: the `diffrax.RESULTS` code of the recording solve.
+    """
+
+    ts: Times
+    num_steps: Int[Array, ""]
+    step_starts: Real[Array, " steps"] | None
+    restarts: Bool[Array, " steps"] | None
+    rtol: Real[Array, ""] | None
+    atol: Real[Array, ""] | None
+    result: Int[Array, ""] | object
+    norm: Callable | None = eqx.field(static=True)
+    solver_type: type = eqx.field(static=True)
+
+    @property
+    def max_steps(self) -> int:
+        """The number of steps (accepted and padding) a replay over this mesh takes."""
+        return self.ts.shape[-1] - 1
+
+    @property
+    def is_batched(self) -> bool:
+        """Whether the mesh holds an ensemble (a leading batch axis)."""
+        return self.ts.ndim == 2
+
+    @property
+    def t0(self) -> Array:
+        return self.ts[..., 0]
+
+    @property
+    def t1(self) -> Array:
+        return self.ts[..., -1]
+
+    def trim(self) -> "RecordedMesh":
+        """Shrink the padding to the longest trajectory, rounded up to a bucket.
+
+        Runs on the host (it needs concrete step counts), once per mesh, not inside
+        `jax.jit`. The replay over the trimmed mesh gives the same result as over the
+        original: only zero-length padding steps are removed.
+
+        **Returns:**
+
+        A `RecordedMesh` with `max_steps` the next power of two (at least 8) at or
+        above the largest `num_steps`.
+        """
+        try:
+            longest = int(np.max(np.asarray(self.num_steps)))
+        except Exception as e:  # a tracer cannot be made concrete
+            raise ValueError(
+                "RecordedMesh.trim() needs concrete step counts: call it outside "
+                "jax.jit/vmap, on a mesh returned by gs.record, once per mesh."
+            ) from e
+        length = bucket_length(longest, self.max_steps)
+        ts = self.ts[..., : length + 1]
+        step_starts = None if self.step_starts is None else self.step_starts[..., :length]
+        restarts = None if self.restarts is None else self.restarts[..., :length]
+        return eqx.tree_at(
+            lambda m: (m.ts, m.step_starts, m.restarts),
+            self,
+            (ts, step_starts, restarts),
+            is_leaf=lambda x: x is None,
+        )
+
+
+def pad_after(values: Array, num_steps: Array) -> Array:
+    """Repeat `values[num_steps]` in every later position (the mesh's padding)."""
+    index = jnp.arange(values.shape[0])
+    return jnp.where(index > num_steps, values[num_steps], values)

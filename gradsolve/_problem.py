@@ -1,0 +1,187 @@
+"""Turning a user's `diffeqsolve`-style inputs into the internal problem, with checks.
+
+Every check raises an error that says what is wrong and how to fix it. Checks that
+need values (NaN in `y0`, unsorted `saveat.ts`) run inside `jit` via `eqx.error_if`.
+"""
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+
+from ._saving import SavePlan
+
+
+class LeafProblem(eqx.Module):
+    """The ODE seen as a function of the flat list of state leaves."""
+
+    f: object
+    args: object
+    treedef: object = eqx.field(static=True)
+
+    def vf(self, t, leaves):
+        y = jtu.tree_unflatten(self.treedef, leaves)
+        return jtu.tree_leaves(self.f(t, y, self.args))
+
+    def tree(self, leaves):
+        return jtu.tree_unflatten(self.treedef, leaves)
+
+
+class Prepared(eqx.Module):
+    problem: LeafProblem
+    t0: jax.Array
+    t1: jax.Array
+    dt0: jax.Array | None
+    y0: list
+    plan: SavePlan
+
+
+def time_dtype(t0, t1, dt0, ts):
+    timelikes = [x for x in (t0, t1, dt0, ts) if x is not None]
+    with jax.numpy_dtype_promotion("standard"):
+        dtype = jnp.result_type(*timelikes)
+    if jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_):
+        dtype = jnp.result_type(float)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(
+            f"t0, t1, dt0 and saveat.ts must be real numbers; got dtype {dtype}."
+        )
+    return dtype
+
+
+def inexact_leaves(tree) -> list:
+    """The floating-point array leaves of `tree` (Python floats included)."""
+    out = []
+    for x in jtu.tree_leaves(tree):
+        if isinstance(x, float) or (
+            hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)
+        ):
+            out.append(x)
+    return out
+
+
+def check_finite(tree, name: str):
+    """Raise (inside jit too) if `tree` holds a NaN or an infinity."""
+    leaves = inexact_leaves(tree)
+    if not leaves:
+        return tree
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+    return eqx.error_if(
+        tree,
+        ~finite,
+        f"{name} contains NaN or inf; the solve would return NaN. Check how {name} "
+        "is computed (e.g. a division by zero or a log of a negative number).",
+    )
+
+
+def check_vector_field(f, t0, y0, args):
+    """Trace `f` once and compare its output with `y0`: structure, shape, dtype."""
+    try:
+        out = jax.eval_shape(f, t0, y0, args)
+    except Exception as e:
+        raise type(e)(
+            f"Evaluating the vector field f(t0, y0, args) failed: {e}"
+        ) from e
+    y_struct = jax.eval_shape(lambda: y0)
+    if jtu.tree_structure(out) != jtu.tree_structure(y_struct):
+        raise ValueError(
+            "The vector field must return the same PyTree structure as y0: y0 has "
+            f"{jtu.tree_structure(y_struct)} but f(t, y, args) returned "
+            f"{jtu.tree_structure(out)}."
+        )
+    for a, b in zip(jtu.tree_leaves(out), jtu.tree_leaves(y_struct)):
+        if a.shape != b.shape:
+            raise ValueError(
+                f"The vector field returned an array of shape {a.shape} where y0 has "
+                f"shape {b.shape}; f(t, y, args) must return dy/dt with y's shape."
+            )
+        if a.dtype != b.dtype and not jnp.can_cast(a.dtype, b.dtype, "same_kind"):
+            raise ValueError(
+                f"The vector field returned dtype {a.dtype} for a state of dtype "
+                f"{b.dtype}; return floating-point values of the state's dtype."
+            )
+
+
+def _check_ts(ts, t0, t1):
+    """`saveat.ts` must be monotone in the direction of integration and in range."""
+    lo, hi = jnp.minimum(t0, t1), jnp.maximum(t0, t1)
+    increasing = t1 >= t0
+    step = ts[1:] - ts[:-1]
+    unsorted = jnp.any(jnp.where(increasing, step < 0, step > 0))
+    outside = jnp.any((ts < lo) | (ts > hi))
+    try:  # concrete values get a Python error, raised at once
+        bad_order, bad_range = bool(unsorted), bool(outside)
+    except jax.errors.ConcretizationTypeError:
+        bad_order = bad_range = None
+    order_msg = (
+        "saveat.ts must be sorted in the direction of integration (increasing when "
+        "t0 < t1, decreasing when t0 > t1); sort it, e.g. with jnp.sort."
+    )
+    range_msg = "saveat.ts must lie within [t0, t1]; drop or clip the times outside."
+    if bad_order:
+        raise ValueError(order_msg)
+    if bad_range:
+        raise ValueError(range_msg)
+    ts = eqx.error_if(ts, unsorted, order_msg)
+    return eqx.error_if(ts, outside, range_msg)
+
+
+def _check_dt0(dt0, t0, t1):
+    wrong = (t1 - t0) * dt0 < 0
+    msg = (
+        "dt0 has the wrong sign: it must point from t0 to t1 (negative when "
+        "integrating backwards, t0 > t1). Flip its sign or pass dt0=None."
+    )
+    try:
+        if bool(wrong):
+            raise ValueError(msg)
+    except jax.errors.ConcretizationTypeError:
+        pass
+    return eqx.error_if(dt0, wrong, msg)
+
+
+def prepare(term, t0, t1, dt0, y0, args, saveat: diffrax.SaveAt) -> Prepared:
+    """Validate and normalise the inputs of a fast-path solve."""
+    sub = saveat.subs
+    ts = sub.ts
+    dtype = time_dtype(t0, t1, dt0, ts)
+    t0 = jnp.asarray(t0, dtype=dtype)
+    t1 = jnp.asarray(t1, dtype=dtype)
+    if dt0 is not None:
+        dt0 = _check_dt0(jnp.asarray(dt0, dtype=dtype), t0, t1)
+
+    def promote(leaf):
+        leaf = jnp.asarray(leaf)
+        if not jnp.issubdtype(leaf.dtype, jnp.inexact):
+            leaf = leaf.astype(dtype)
+        with jax.numpy_dtype_promotion("standard"):
+            return leaf.astype(jnp.result_type(leaf, dtype))
+
+    y0 = jtu.tree_map(promote, y0)
+    if not jtu.tree_leaves(y0):
+        raise ValueError("y0 has no arrays; pass the initial state as an array.")
+    y0 = check_finite(y0, "y0")
+    args = check_finite(args, "args")
+    f = term.vector_field
+    check_vector_field(f, t0, y0, args)
+    direction = jnp.where(t0 < t1, 1, -1)
+    if ts is not None:
+        ts = _check_ts(jnp.asarray(ts, dtype=dtype), t0, t1) * direction
+    leaves, treedef = jtu.tree_flatten(y0)
+    problem = LeafProblem(f=f, args=args, treedef=treedef)
+    plan = SavePlan(ts=ts, t0=bool(sub.t0), t1=bool(sub.t1), steps=bool(sub.steps))
+    return Prepared(problem, t0, t1, dt0, leaves, plan)
+
+
+def has_jump_ts(controller) -> bool:
+    return getattr(controller, "jump_ts", None) is not None
+
+
+def is_concrete(x) -> bool:
+    try:
+        np.asarray(x)
+    except Exception:
+        return False
+    return True

@@ -1,0 +1,259 @@
+"""The adaptive forward pass: Diffrax's stepping loop, keeping the accepted steps."""
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+from diffrax._term import WrapTerm
+from jaxtyping import Array
+
+from ._mesh import pad_after, RecordedMesh
+from ._problem import LeafProblem
+from ._saving import assemble, save_layout, SaveLayout, SavePlan
+from ._solver.base import AbstractExplicitSolver, explicit_rk_step
+from ._solver.interpolation import combine, normalised_time
+
+
+class RecordOutput(eqx.Module):
+    mesh: RecordedMesh
+    ts: Array
+    ys: list[Array]
+    stats: dict
+    result: diffrax.RESULTS
+    direction: Array
+    layout: SaveLayout
+    states: list[Array] | None
+
+
+def _clip_floor(t1):
+    # Diffrax rounds a step ending within 100 ULPs of t1 to end at t1, so that no
+    # uselessly short last step is taken.
+    floor = t1
+    for _ in range(100):
+        floor = jnp.nextafter(floor, jnp.array(-jnp.inf, dtype=floor.dtype))
+    return floor
+
+
+def _where(pred, new, old):
+    return [jnp.where(pred, a, b) for a, b in zip(new, old)]
+
+
+def _set_if(buffer, index, value, pred):
+    return buffer.at[index].set(jnp.where(pred, value, buffer[index]))
+
+
+def record_loop(
+    problem: LeafProblem,
+    solver: AbstractExplicitSolver,
+    t0,
+    t1,
+    dt0,
+    y0: list[Array],
+    controller: diffrax.AbstractStepSizeController,
+    plan: SavePlan,
+    max_steps: int,
+    keep_states: bool,
+    has_jumps: bool,
+) -> RecordOutput:
+    """Integrate adaptively from `t0` to `t1` and record the accepted steps.
+
+    The stepping logic is Diffrax's (`diffrax/_integrate.py::loop`): the same
+    controller object is asked to accept or reject each step and to propose the next,
+    steps ending within 100 ULPs of `t1` are clipped to `t1`, and NaN error estimates
+    count as infinite. So the accepted steps are Diffrax's, to round-off.
+
+    `plan.ts` is in internal time (`direction * t`). With `keep_states`, the state
+    after every accepted step is kept for the adjoint.
+    """
+    coeffs = solver.coefficients()
+    interpolation = solver.interpolation_cls
+    direction = jnp.where(t0 < t1, 1, -1)
+    ti0 = t0 * direction
+    ti1 = t1 * direction
+    time_dtype = jnp.result_type(ti0)
+    dti0 = None if dt0 is None else dt0 * direction
+    controller = controller.wrap(direction)
+
+    # The controller sees the term exactly as Diffrax shows it to it: wrapped for the
+    # direction of integration. (Diffrax's initial step selection treats a wrapped
+    # term as a non-ODE term; using the same wrapper keeps `dt0=None` identical.)
+    internal_term = WrapTerm(diffrax.ODETerm(problem.f), direction)
+    error_order = solver.error_order(internal_term)
+    tnext, controller_state = controller.init(
+        internal_term,
+        ti0,
+        ti1,
+        problem.tree(y0),
+        dti0,
+        problem.args,
+        lambda terms, t, y, args: terms.vf(t, y, args),
+        error_order,
+    )
+    tnext = jnp.minimum(tnext, ti1)
+    clip_floor = _clip_floor(ti1)
+    num_ts = 0 if plan.ts is None else len(plan.ts)
+
+    def step_fn(tprev, tnext, y, f0):
+        return explicit_rk_step(coeffs, problem.vf, tprev, tnext, direction, y, f0)
+
+    f_init = problem.vf(t0, y0)
+    zeros_like = lambda leaves, n: [jnp.zeros((n,) + x.shape, x.dtype) for x in leaves]
+    carry = dict(
+        tprev=ti0,
+        tnext=tnext,
+        y=y0,
+        f_fsal=f_init,
+        made_jump=jnp.array(False),
+        controller_state=controller_state,
+        num_steps=jnp.array(0),
+        num_accepted=jnp.array(0),
+        num_rejected=jnp.array(0),
+        result=diffrax.RESULTS.successful,
+        mesh_ts=jnp.full((max_steps + 1,), ti0, dtype=time_dtype),
+        ts_index=jnp.array(0),
+        ts_values=zeros_like(y0, num_ts),
+    )
+    if has_jumps:
+        carry["starts"] = jnp.full((max_steps,), ti0, dtype=time_dtype)
+        carry["restarts"] = jnp.zeros((max_steps,), dtype=bool)
+    if keep_states or plan.steps:
+        carry["states"] = [
+            jnp.broadcast_to(x, (max_steps + 1,) + x.shape) for x in y0
+        ]
+
+    def cond_fn(c):
+        running = (c["tprev"] < ti1) & (c["num_steps"] < max_steps)
+        return running & (c["result"] == diffrax.RESULTS.successful)
+
+    def body_fn(c):
+        c = dict(c)
+        tprev, tnext, y = c["tprev"], c["tnext"], c["y"]
+        f0 = c["f_fsal"]
+        if has_jumps:
+            f0 = _where(c["made_jump"], problem.vf(direction * tprev, y), f0)
+        y1, y_error, ks, f1 = step_fn(tprev, tnext, y, f0)
+        y_error = [jnp.where(jnp.isnan(e), jnp.inf, e) for e in y_error]
+        (keep, next_tprev, next_tnext, made_jump, controller_state, ctrl_result) = (
+            controller.adapt_step_size(
+                tprev,
+                tnext,
+                problem.tree(y),
+                problem.tree(y1),
+                problem.args,
+                problem.tree(y_error),
+                error_order,
+                c["controller_state"],
+            )
+        )
+        next_tprev = jnp.minimum(next_tprev, ti1)
+        clip = next_tnext > clip_floor
+        next_tnext = jnp.where(
+            clip,
+            jnp.where(keep, ti1, next_tprev + 0.5 * (ti1 - next_tprev)),
+            next_tnext,
+        )
+        index = c["num_accepted"]
+        c["mesh_ts"] = _set_if(c["mesh_ts"], index + 1, tnext, keep)
+        if has_jumps:
+            c["starts"] = _set_if(c["starts"], index, tprev, keep)
+            c["restarts"] = _set_if(c["restarts"], index, c["made_jump"], keep)
+        if "states" in c:
+            c["states"] = [
+                _set_if(s, index + 1, v, keep) for s, v in zip(c["states"], y1)
+            ]
+        if num_ts > 0:
+
+            def save_cond(s):
+                i, _ = s
+                return keep & (i < num_ts) & (plan.ts[jnp.minimum(i, num_ts - 1)] <= tnext)
+
+            def save_body(s):
+                i, values = s
+                theta = normalised_time(tprev, plan.ts[i], tnext)
+                y_t = combine(interpolation.weights(theta), y, y1, ks)
+                return i + 1, [v.at[i].set(x) for v, x in zip(values, y_t)]
+
+            c["ts_index"], c["ts_values"] = jax.lax.while_loop(
+                save_cond, save_body, (c["ts_index"], c["ts_values"])
+            )
+        c["y"] = _where(keep, y1, y)
+        c["f_fsal"] = _where(keep, f1, c["f_fsal"])
+        c["made_jump"] = jnp.where(keep, made_jump, c["made_jump"])
+        c["tprev"], c["tnext"] = next_tprev, next_tnext
+        c["controller_state"] = controller_state
+        c["result"] = diffrax.RESULTS.where(
+            c["result"] == diffrax.RESULTS.successful, ctrl_result, c["result"]
+        )
+        c["num_steps"] = c["num_steps"] + 1
+        c["num_accepted"] = index + jnp.where(keep, 1, 0)
+        c["num_rejected"] = c["num_rejected"] + jnp.where(keep, 0, 1)
+        return c
+
+    c = jax.lax.while_loop(cond_fn, body_fn, carry)
+    result = diffrax.RESULTS.where(
+        (c["tprev"] < ti1) & (c["result"] == diffrax.RESULTS.successful),
+        diffrax.RESULTS.max_steps_reached,
+        c["result"],
+    )
+    num_accepted = c["num_accepted"]
+    mesh_ts = pad_after(c["mesh_ts"], num_accepted)
+    step_ends = mesh_ts[1:]
+    if num_ts > 0:
+        # t0 == t1 takes no step: every requested save is the initial state.
+        ts_values = [
+            jnp.where(ti0 == ti1, jnp.broadcast_to(a, v.shape), v)
+            for a, v in zip(y0, c["ts_values"])
+        ]
+    else:
+        ts_values = None
+    states = c.get("states")
+    step_values = None if states is None else [s[1:] for s in states]
+    layout = save_layout(plan, step_ends, max_steps)
+    ts_out, ys_out = assemble(
+        plan, layout, max_steps, num_accepted, ti0, step_ends, y0, ts_values,
+        step_values, c["y"],
+    )
+    if has_jumps:
+        used = jnp.arange(max_steps) < num_accepted
+        step_starts = direction * jnp.where(used, c["starts"], mesh_ts[-1])
+        restarts = c["restarts"] & used
+    else:
+        step_starts = restarts = None
+    rtol, atol, norm = _tolerances(controller)
+    mesh = RecordedMesh(
+        ts=direction * mesh_ts,
+        num_steps=num_accepted,
+        step_starts=step_starts,
+        restarts=restarts,
+        rtol=rtol,
+        atol=atol,
+        result=result,
+        norm=norm,
+        solver_type=type(solver),
+    )
+    stats = dict(
+        num_steps=c["num_steps"],
+        num_accepted_steps=num_accepted,
+        num_rejected_steps=c["num_rejected"],
+        max_steps=max_steps,
+    )
+    return RecordOutput(
+        mesh=mesh,
+        ts=direction * ts_out,
+        ys=ys_out,
+        stats=stats,
+        result=result,
+        direction=direction,
+        layout=layout,
+        states=states if keep_states else None,
+    )
+
+
+def _tolerances(controller):
+    """The tolerances and norm that a replay checks its error estimate against."""
+    if isinstance(controller, diffrax.AbstractAdaptiveStepSizeController):
+        rtol = jnp.asarray(controller.rtol)
+        atol = jnp.asarray(controller.atol)
+        return rtol, atol, controller.norm
+    return None, None, None

@@ -1,0 +1,209 @@
+"""The fixed-step replay of a recorded mesh: a differentiable `lax.scan`."""
+
+import diffrax
+from diffrax._saveat import save_y as _save_y  # the default SaveAt fn
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+
+from ._mesh import RecordedMesh
+from ._problem import LeafProblem, prepare
+from ._saving import assemble, save_layout, SavePlan
+from ._solution import Solution
+from ._solver.base import AbstractExplicitSolver, explicit_rk_step
+from ._solver.interpolation import combine, normalised_time
+
+
+def scaled_error(norm, rtol, atol, problem: LeafProblem, y0, y1, y_error):
+    """The error ratio Diffrax's `PIDController` accepts a step on (accept if < 1)."""
+
+    def scale(a, b, e):
+        b = jnp.where(jnp.isnan(b).any(), a, b)
+        with jax.numpy_dtype_promotion("standard"):
+            return e / (atol + jnp.maximum(jnp.abs(a), jnp.abs(b)) * rtol)
+
+    e = [jnp.where(jnp.isnan(x), jnp.inf, x) for x in y_error]
+    return norm(problem.tree([scale(a, b, x) for a, b, x in zip(y0, y1, e)]))
+
+
+def mesh_steps(mesh: RecordedMesh):
+    """Direction and the internal (increasing) start and end time of every step."""
+    ts = mesh.ts
+    direction = jnp.where(ts[0] < ts[-1], 1, -1)
+    starts = ts[:-1] if mesh.step_starts is None else mesh.step_starts
+    return direction, direction * starts, direction * ts[1:]
+
+
+def replay_one(
+    mesh: RecordedMesh,
+    problem: LeafProblem,
+    solver: AbstractExplicitSolver,
+    y0: list,
+    plan: SavePlan,
+):
+    """Replay one trajectory. Returns `(ts, ys_leaves, max_error_ratio)`."""
+    coeffs = solver.coefficients()
+    direction, starts, ends = mesh_steps(mesh)
+    max_steps = mesh.max_steps
+    adaptive = mesh.rtol is not None
+    keep_ks = plan.ts is not None
+    keep_states = plan.ts is not None or plan.steps
+
+    @jax.checkpoint
+    def body(carry, x):
+        y, f_fsal = carry
+        if mesh.restarts is None:
+            s, e = x
+            f0 = f_fsal
+        else:
+            s, e, restart = x
+            fresh = problem.vf(direction * s, y)
+            f0 = [jnp.where(restart, a, b) for a, b in zip(fresh, f_fsal)]
+        y1, y_error, ks, f1 = explicit_rk_step(
+            coeffs, problem.vf, s, e, direction, y, f0
+        )
+        ratio = None
+        if adaptive:
+            ratio = scaled_error(mesh.norm, mesh.rtol, mesh.atol, problem, y, y1, y_error)
+        out = (ratio, y1 if keep_states else None, ks if keep_ks else None)
+        return (y1, f1), out
+
+    xs = (starts, ends) if mesh.restarts is None else (starts, ends, mesh.restarts)
+    f_init = problem.vf(mesh.ts[0], y0)
+    (y_final, _), (ratios, states, ks) = jax.lax.scan(body, (y0, f_init), xs)
+    layout = save_layout(plan, ends, max_steps)
+    ts_values = None
+    if plan.ts is not None:
+        n = layout.ts_step
+        before = [jnp.concatenate([a[None], s[:-1]])[n] for a, s in zip(y0, states)]
+        after = [s[n] for s in states]
+        stage_ks = [[leaf[n] for leaf in stage] for stage in ks]
+        theta = normalised_time(starts[n], plan.ts, ends[n])
+        weights = solver.interpolation_cls.weights
+        ts_values = jax.vmap(lambda th, a, b, k: combine(weights(th), a, b, k))(
+            theta, before, after, stage_ks
+        )
+    ts_out, ys_out = assemble(
+        plan, layout, max_steps, mesh.num_steps, starts[0], ends, y0, ts_values,
+        states, y_final,
+    )
+    max_ratio = jnp.max(ratios) if adaptive else None
+    return direction * ts_out, ys_out, max_ratio
+
+
+def replay(
+    mesh: RecordedMesh,
+    terms: diffrax.ODETerm,
+    solver: AbstractExplicitSolver,
+    y0,
+    args=None,
+    *,
+    saveat: diffrax.SaveAt = diffrax.SaveAt(t1=True),
+    allow_other_solver: bool = False,
+    args_axes=None,
+) -> Solution:
+    """Solve again over a recorded mesh, with fixed steps; differentiable.
+
+    The replay takes exactly the steps in `mesh` (no error control, no rejected steps,
+    no `while_loop`): a fixed-length `lax.scan`. So it can be differentiated in reverse
+    and forward mode to any order (`jax.grad`, `jax.jvp`, `jax.jacfwd`,
+    `jax.hessian`). Its reverse-mode derivative is the exact discrete adjoint of those
+    steps, which is the derivative `diffrax.diffeqsolve` returns by default over the
+    same steps. Each step is checkpointed: the backward pass stores one state per
+    step and recomputes the stages.
+
+    **Arguments:**
+
+    - `mesh`: a [`gradsolve.RecordedMesh`][], e.g. from [`gradsolve.record`][]. A
+        batched mesh (leading batch axis, not under `vmap`) replays the whole ensemble:
+        `y0` then has the same leading axis.
+    - `terms`: a `diffrax.ODETerm`.
+    - `solver`: the solver that recorded the mesh.
+    - `y0`: initial state (any PyTree of arrays).
+    - `args`: any PyTree passed to the vector field.
+    - `saveat`: a `diffrax.SaveAt` with any of `t0`, `t1`, `ts`, `steps`.
+    - `allow_other_solver`: replay with a solver other than the recording one (the
+        mesh was chosen for the recording solver's error estimate).
+    - `args_axes`: for a batched mesh, the `jax.vmap` `in_axes` of `args` (default
+        `None`: shared by every trajectory; `0` maps every leaf over its first axis).
+
+    **Returns:**
+
+    A [`gradsolve.Solution`][]; `stats["max_error_ratio"] > 1` says the mesh has gone
+    stale for these inputs (the recording tolerances are no longer met): record again.
+    """
+    if not isinstance(solver, AbstractExplicitSolver):
+        raise TypeError(
+            f"gs.replay needs a gradsolve solver (gs.Tsit5(), gs.Dopri5()); got "
+            f"{type(solver).__name__}. Use gs.diffeqsolve, which falls back to "
+            "diffrax.diffeqsolve, for other solvers."
+        )
+    if mesh.solver_type is not type(solver) and not allow_other_solver:
+        raise ValueError(
+            f"This mesh was recorded with {mesh.solver_type.__name__} but is replayed "
+            f"with {type(solver).__name__}. Replay with "
+            f"gs.{mesh.solver_type.__name__}(), or pass allow_other_solver=True if "
+            "this is intended."
+        )
+    if not isinstance(terms, diffrax.ODETerm):
+        raise TypeError(f"gs.replay needs a diffrax.ODETerm; got {type(terms)}.")
+    if mesh.is_batched:
+        return _replay_batched(mesh, terms, solver, y0, args, saveat, args_axes)
+    if mesh.ts.ndim != 1:
+        raise ValueError(f"mesh.ts must have one or two axes; got {mesh.ts.shape}.")
+    _check_saveat(saveat)
+    prepared = prepare(terms, mesh.ts[0], mesh.ts[-1], None, y0, args, saveat)
+    ts, ys, max_ratio = replay_one(
+        mesh, prepared.problem, solver, prepared.y0, prepared.plan
+    )
+    stats = dict(
+        num_steps=mesh.num_steps,
+        num_accepted_steps=mesh.num_steps,
+        num_rejected_steps=jnp.zeros_like(mesh.num_steps),
+        max_steps=mesh.max_steps,
+    )
+    if max_ratio is not None:
+        stats["max_error_ratio"] = max_ratio
+    treedef = prepared.problem.treedef
+    return Solution(
+        t0=prepared.t0,
+        t1=prepared.t1,
+        ts=ts,
+        ys=jtu.tree_unflatten(treedef, ys),
+        stats=stats,
+        result=diffrax.RESULTS.where(
+            mesh.result == diffrax.RESULTS.successful,
+            diffrax.RESULTS.successful,
+            mesh.result,
+        ),
+        mesh=mesh,
+    )
+
+
+def _check_saveat(saveat: diffrax.SaveAt):
+    sub = saveat.subs
+    if saveat.dense or not isinstance(sub, diffrax.SubSaveAt) or sub.fn is not _save_y:
+        raise ValueError(
+            "gs.replay supports SaveAt(t0=..., t1=..., ts=..., steps=True). For "
+            "dense output, SaveAt(fn=...) or nested SubSaveAt, use gs.diffeqsolve (it "
+            "falls back to diffrax.diffeqsolve), or apply fn to the saved ys."
+        )
+    if sub.steps not in (0, 1, False, True):
+        raise ValueError("gs.replay supports SaveAt(steps=True) but not steps=n > 1.")
+
+
+def _replay_batched(mesh, terms, solver, y0, args, saveat, args_axes):
+    batch = mesh.ts.shape[0]
+    sizes = {x.shape[0] if x.ndim else None for x in jtu.tree_leaves(y0)}
+    if sizes != {batch}:
+        raise ValueError(
+            f"The mesh holds {batch} trajectories but y0 has leading axis sizes "
+            f"{sorted(s for s in sizes if s is not None)}: pass one initial state per "
+            "recorded trajectory (y0 with leading axis "
+            f"{batch}), or record a mesh for this ensemble with gs.record."
+        )
+
+    def one(m, y, a):
+        return replay(m, terms, solver, y, a, saveat=saveat, allow_other_solver=True)
+
+    return jax.vmap(one, in_axes=(0, 0, args_axes))(mesh, y0, args)

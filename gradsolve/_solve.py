@@ -1,0 +1,296 @@
+"""`diffeqsolve` and `record`: the adaptive solve, with the Diffrax fallback."""
+
+import diffrax
+from diffrax._saveat import save_y as _save_y  # the default SaveAt fn
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+
+from ._adjoint import adjoint_loop
+from ._mesh import RecordedMesh
+from ._problem import has_jump_ts, LeafProblem, prepare
+from ._record import record_loop
+from ._solution import Solution
+from ._solver.base import AbstractExplicitSolver
+
+
+_FAST_CONTROLLERS = (
+    diffrax.PIDController,
+    diffrax.ConstantStepSize,
+    diffrax.StepTo,
+    diffrax.ClipStepSizeController,
+)
+
+
+def fallback_reason(terms, solver, saveat, stepsize_controller, adjoint, event,
+                    max_steps, progress_meter, solver_state, controller_state,
+                    made_jump) -> str | None:
+    """Why a solve cannot take the fast path (`None` if it can)."""
+    if not isinstance(solver, AbstractExplicitSolver):
+        return f"the solver is {type(solver).__name__}, not a gradsolve solver"
+    if type(terms) is not diffrax.ODETerm:
+        return "the terms are not a single diffrax.ODETerm"
+    sub = saveat.subs
+    if saveat.dense or not isinstance(sub, diffrax.SubSaveAt):
+        return "SaveAt(dense=True) or nested SubSaveAt"
+    if sub.fn is not _save_y or sub.steps not in (0, 1, False, True):
+        return "SaveAt(fn=...) or SaveAt(steps=n > 1)"
+    if not isinstance(stepsize_controller, _FAST_CONTROLLERS):
+        return f"the step size controller {type(stepsize_controller).__name__}"
+    if isinstance(stepsize_controller, diffrax.ClipStepSizeController):
+        if not isinstance(stepsize_controller.controller, diffrax.PIDController):
+            return "a ClipStepSizeController around a controller other than PID"
+        if stepsize_controller.store_rejected_steps is not None:
+            return "ClipStepSizeController(store_rejected_steps=...)"
+    if not isinstance(adjoint, diffrax.RecursiveCheckpointAdjoint):
+        return f"adjoint={type(adjoint).__name__}()"
+    if event is not None:
+        return "an event"
+    if max_steps is None:
+        return "max_steps=None"
+    if not isinstance(progress_meter, diffrax.NoProgressMeter):
+        return "a progress meter"
+    if any(x is not None for x in (solver_state, controller_state, made_jump)):
+        return "solver_state/controller_state/made_jump passed in"
+    return None
+
+
+@jax.custom_jvp
+def _no_time_derivative(t):
+    return t
+
+
+@_no_time_derivative.defjvp
+def _no_time_derivative_jvp(primals, tangents):
+    raise ValueError(
+        "gs.diffeqsolve and gs.record do not differentiate with respect to t0, t1, "
+        "dt0 or saveat.ts. Differentiate with respect to y0 and args, or call "
+        "diffrax.diffeqsolve for derivatives with respect to times."
+    )
+
+
+def _unbatched_times(t0, t1, dt0, saveat):
+    t0, t1 = _no_time_derivative(t0), _no_time_derivative(t1)
+    dt0 = None if dt0 is None else _no_time_derivative(dt0)
+    if saveat.subs.ts is not None:
+        saveat = eqx.tree_at(
+            lambda s: s.subs.ts, saveat, _no_time_derivative(saveat.subs.ts)
+        )
+    return t0, t1, dt0, saveat
+
+
+def _record(diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, keep):
+    y0, args, f = diff
+    problem = LeafProblem(f=f, args=args, treedef=treedef)
+    return record_loop(
+        problem, solver, t0, t1, dt0, y0, controller, plan, max_steps,
+        keep_states=keep, has_jumps=has_jump_ts(controller),
+    )
+
+
+@eqx.filter_custom_vjp
+def _solve(diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef):
+    return _record(diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, False)
+
+
+@_solve.def_fwd
+def _solve_fwd(perturbed, diff, solver, t0, t1, dt0, controller, plan, max_steps,
+               treedef):
+    del perturbed
+    out = _record(diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, True)
+    residuals = (out.mesh, out.states, out.layout)
+    out = eqx.tree_at(lambda o: o.states, out, None, is_leaf=lambda x: x is None)
+    return out, residuals
+
+
+@_solve.def_bwd
+def _solve_bwd(residuals, grad_obj, perturbed, diff, solver, t0, t1, dt0, controller,
+               plan, max_steps, treedef):
+    del perturbed, t0, t1, dt0, controller, max_steps
+    mesh, states, layout = residuals
+    ys_bar = [
+        jnp.zeros_like(s, shape=(plan.size(mesh.max_steps),) + s.shape[1:])
+        if g is None else g
+        for g, s in zip(grad_obj.ys, states)
+    ]
+    return adjoint_loop(solver, mesh, states, layout, plan, ys_bar, diff, treedef)
+
+
+def _prepare_and_convert(terms, t0, t1, dt0, y0, args, saveat):
+    t0, t1, dt0, saveat = _unbatched_times(t0, t1, dt0, saveat)
+    prepared = prepare(terms, t0, t1, dt0, y0, args, saveat)
+    # Make closed-over arrays of the vector field explicit, so that they are
+    # differentiated like `args` (and custom_vjp sees no closed-over tracers).
+    f = eqx.filter_closure_convert(
+        prepared.problem.f, prepared.t0, jtu.tree_unflatten(prepared.problem.treedef,
+                                                            prepared.y0), args
+    )
+    return prepared, f
+
+
+def _max_steps_message(max_steps):
+    return (
+        f"max_steps={max_steps} was reached before t1. Raise max_steps, loosen "
+        "rtol/atol, or, if the problem is stiff, use a stiff solver (e.g. "
+        "diffrax.Kvaerno5 through gs.diffeqsolve's Diffrax fallback)."
+    )
+
+
+def _throw(out, result, max_steps):
+    out = eqx.error_if(
+        out, result == diffrax.RESULTS.max_steps_reached, _max_steps_message(max_steps)
+    )
+    out = eqx.error_if(
+        out,
+        result == diffrax.RESULTS.dt_min_reached,
+        "The step size fell below dtmin (PIDController(force_dtmin=False)). Lower "
+        "dtmin, loosen rtol/atol, or check the vector field for a singularity.",
+    )
+    return eqx.error_if(
+        out,
+        result != diffrax.RESULTS.successful,
+        "The solve failed; inspect sol.result with throw=False.",
+    )
+
+
+@eqx.filter_jit
+def _fast_diffeqsolve(terms, solver, t0, t1, dt0, y0, args, saveat,
+                      stepsize_controller, max_steps, throw):
+    prepared, f = _prepare_and_convert(terms, t0, t1, dt0, y0, args, saveat)
+    treedef = prepared.problem.treedef
+    out = _solve(
+        (prepared.y0, args, f), solver, prepared.t0, prepared.t1, prepared.dt0,
+        stepsize_controller, prepared.plan, max_steps, treedef,
+    )
+    ys = out.ys
+    if throw:
+        ys = _throw(ys, out.result, max_steps)
+    return Solution(
+        t0=prepared.t0,
+        t1=prepared.t1,
+        ts=out.ts,
+        ys=jtu.tree_unflatten(treedef, ys),
+        stats=out.stats,
+        result=out.result,
+        mesh=out.mesh,
+    )
+
+
+def diffeqsolve(
+    terms,
+    solver,
+    t0,
+    t1,
+    dt0,
+    y0,
+    args=None,
+    *,
+    saveat: diffrax.SaveAt = diffrax.SaveAt(t1=True),
+    stepsize_controller: diffrax.AbstractStepSizeController = diffrax.ConstantStepSize(),
+    adjoint: diffrax.AbstractAdjoint = diffrax.RecursiveCheckpointAdjoint(),
+    event=None,
+    max_steps: int | None = 4096,
+    throw: bool = True,
+    progress_meter=diffrax.NoProgressMeter(),
+    solver_state=None,
+    controller_state=None,
+    made_jump=None,
+):
+    """Solve an ODE; a drop-in replacement for `diffrax.diffeqsolve`.
+
+    Takes the same arguments with the same defaults. With a gradsolve solver
+    (`gs.Tsit5()`, `gs.Dopri5()`), a `diffrax.ODETerm`, a `PIDController`,
+    `ConstantStepSize` or `StepTo` controller and `SaveAt(t0, t1, ts, steps)`, it
+    records the accepted steps (the same steps Diffrax takes) and returns them as
+    `sol.mesh`; `jax.grad` through it is the exact discrete adjoint over those steps
+    (the derivative Diffrax returns by default), computed in time proportional to the
+    number of accepted steps.
+
+    Anything else (a Diffrax solver, other terms, `SaveAt(dense=True)` or `fn`,
+    events, another `adjoint`, a progress meter, ...) is passed unchanged to
+    `diffrax.diffeqsolve`, whose `diffrax.Solution` is returned. Forward-mode
+    derivatives (`jax.jvp`, `jax.jacfwd`) are available through [`gradsolve.replay`][],
+    or through this function with `adjoint=diffrax.DirectAdjoint()` (which falls back).
+
+    **Returns:**
+
+    A [`gradsolve.Solution`][] (`ts`, `ys`, `stats`, `result`, `mesh`) on the fast
+    path, else a `diffrax.Solution`.
+    """
+    reason = fallback_reason(
+        terms, solver, saveat, stepsize_controller, adjoint, event, max_steps,
+        progress_meter, solver_state, controller_state, made_jump,
+    )
+    if reason is not None:
+        return diffrax.diffeqsolve(
+            terms, solver, t0, t1, dt0, y0, args, saveat=saveat,
+            stepsize_controller=stepsize_controller, adjoint=adjoint, event=event,
+            max_steps=max_steps, throw=throw, progress_meter=progress_meter,
+            solver_state=solver_state, controller_state=controller_state,
+            made_jump=made_jump,
+        )
+    return _fast_diffeqsolve(
+        terms, solver, t0, t1, dt0, y0, args, saveat, stepsize_controller, max_steps,
+        throw,
+    )
+
+
+@eqx.filter_jit
+def _fast_record(terms, solver, t0, t1, dt0, y0, args, saveat, stepsize_controller,
+                 max_steps, throw):
+    prepared = prepare(terms, t0, t1, dt0, y0, args, saveat)
+    y0 = jax.lax.stop_gradient(prepared.y0)
+    args = jax.lax.stop_gradient(args)
+    out = _record(
+        (y0, args, prepared.problem.f), solver, prepared.t0, prepared.t1,
+        prepared.dt0, stepsize_controller, prepared.plan, max_steps,
+        prepared.problem.treedef, False,
+    )
+    mesh = out.mesh
+    if throw:
+        mesh = _throw(mesh, out.result, max_steps)
+    return mesh
+
+
+def record(
+    terms,
+    solver,
+    t0,
+    t1,
+    dt0,
+    y0,
+    args=None,
+    *,
+    saveat: diffrax.SaveAt = diffrax.SaveAt(t1=True),
+    stepsize_controller: diffrax.AbstractStepSizeController = diffrax.ConstantStepSize(),
+    max_steps: int = 4096,
+    throw: bool = True,
+) -> RecordedMesh:
+    """Solve adaptively and return the accepted steps as a `RecordedMesh`.
+
+    The arguments are those of `diffrax.diffeqsolve` (a gradsolve solver, a
+    `diffrax.ODETerm`, a `PIDController`/`ConstantStepSize`/`StepTo` controller).
+    No derivative flows through a recording: differentiate [`gradsolve.replay`][]
+    over the mesh instead. Under `jax.vmap` every trajectory records its own steps
+    and the mesh gains a leading batch axis; `mesh.trim()` then removes padding.
+
+    **Returns:**
+
+    A [`gradsolve.RecordedMesh`][] whose steps are those `diffrax.diffeqsolve` takes
+    with the corresponding Diffrax solver, to round-off.
+    """
+    reason = fallback_reason(
+        terms, solver, saveat, stepsize_controller, diffrax.RecursiveCheckpointAdjoint(),
+        None, max_steps, diffrax.NoProgressMeter(), None, None, None,
+    )
+    if reason is not None:
+        raise ValueError(
+            f"gs.record cannot record this solve: {reason}. It records gradsolve "
+            "solvers (gs.Tsit5(), gs.Dopri5()) on a diffrax.ODETerm with a "
+            "PIDController, ConstantStepSize or StepTo controller."
+        )
+    return _fast_record(
+        terms, solver, t0, t1, dt0, y0, args, saveat, stepsize_controller, max_steps,
+        throw,
+    )

@@ -1,0 +1,128 @@
+"""The explicit Runge--Kutta step that record, replay and the adjoint all share."""
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from typing import ClassVar
+
+import diffrax
+import numpy as np
+
+from .._custom_types import Leaves, LeafField
+
+
+@dataclasses.dataclass(frozen=True)
+class Coefficients:
+    """A Butcher tableau as Python floats.
+
+    Python floats keep the arithmetic in the state's dtype (weakly typed) and let zero
+    coefficients be skipped when the step is traced, which shortens every stage.
+    """
+
+    a: tuple[tuple[float, ...], ...]
+    b_sol: tuple[float, ...]
+    b_error: tuple[float, ...]
+    c: tuple[float, ...]
+    fsal: bool
+
+    @classmethod
+    def from_tableau(cls, tableau: diffrax.ButcherTableau) -> "Coefficients":
+        as_floats = lambda xs: tuple(float(x) for x in np.asarray(xs))
+        return cls(
+            a=tuple(as_floats(row) for row in tableau.a_lower),
+            b_sol=as_floats(tableau.b_sol),
+            b_error=as_floats(tableau.b_error),
+            c=(0.0,) + as_floats(tableau.c),
+            fsal=bool(tableau.fsal),
+        )
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.b_sol)
+
+
+def linear_combination(
+    base: Leaves | None, weights: Sequence[float], terms: Sequence[Leaves]
+) -> Leaves:
+    """`base + sum_i weights[i] * terms[i]`, leaf by leaf, skipping zero weights.
+
+    The sum is accumulated in stage order and `base` is added last, as Diffrax does
+    (`y0 + tensordot(a, ks)`), so that both round the same way.
+    """
+    pairs = [(w, term) for w, term in zip(weights, terms) if w != 0]
+    num_leaves = len(base) if base is not None else len(terms[0])
+    out = []
+    for leaf in range(num_leaves):
+        acc = None
+        for w, term in pairs:
+            contribution = w * term[leaf]
+            acc = contribution if acc is None else acc + contribution
+        if base is not None:
+            acc = base[leaf] if acc is None else base[leaf] + acc
+        out.append(acc)
+    return out
+
+
+def explicit_rk_step(
+    coeffs: Coefficients,
+    vf: LeafField,
+    t0,
+    t1,
+    direction,
+    y0: Leaves,
+    f0: Leaves | None,
+) -> tuple[Leaves, Leaves, list[Leaves], Leaves]:
+    """One explicit Runge--Kutta step from `t0` to `t1` (internal, increasing time).
+
+    Mirrors `diffrax.AbstractRungeKutta.step` for an `ODETerm`: the stage times are
+    `t0 + c_i (t1 - t0)`, the increments are `k_i = f_i * control` with control the
+    step in the caller's time, and the first stage is `f0` when it is known (FSAL).
+
+    **Arguments:**
+
+    - `coeffs`: the tableau.
+    - `vf`: the vector field on leaves, called with the caller's (signed) time.
+    - `t0`, `t1`: the step, in internal time (`t0 <= t1`).
+    - `direction`: `+1` or `-1`; the caller's time is `direction * t`.
+    - `y0`: the state.
+    - `f0`: the vector field at `(t0, y0)` if known, else `None`.
+
+    **Returns:**
+
+    `(y1, y_error, ks, f1)`: the new state, the embedded error estimate, the stage
+    increments (used by the dense interpolants) and the vector field at the last stage
+    (the next step's first stage for FSAL tableaux).
+    """
+    h = t1 - t0
+    control = direction * h
+    fs = [vf(direction * t0, y0) if f0 is None else f0]
+    ks = [[control * leaf for leaf in fs[0]]]
+    for row, c in zip(coeffs.a, coeffs.c[1:]):
+        y_stage = linear_combination(y0, row, ks)
+        f_stage = vf(direction * (t0 + c * h), y_stage)
+        fs.append(f_stage)
+        ks.append([control * leaf for leaf in f_stage])
+    y1 = linear_combination(y0, coeffs.b_sol, ks)
+    y_error = linear_combination(None, coeffs.b_error, ks)
+    return y1, y_error, ks, fs[-1]
+
+
+class AbstractExplicitSolver(diffrax.AbstractERK):
+    """An explicit Runge--Kutta solver that gradsolve can record and replay.
+
+    It is also a complete `diffrax` solver: `diffrax.diffeqsolve(term, gs.Tsit5(), ...)`
+    runs Diffrax's own Runge--Kutta implementation on the same tableau, which is how
+    features outside gradsolve's fast path fall back to Diffrax.
+
+    Concrete solvers provide `tableau` (a `diffrax.ButcherTableau`),
+    `interpolation_cls` (whose `weights(theta)` gives the dense output as a linear
+    combination of `y0`, `y1` and the stage increments) and `order`.
+    """
+
+    tableau: ClassVar[diffrax.ButcherTableau]
+    interpolation_cls: ClassVar[Callable[..., diffrax.AbstractLocalInterpolation]]
+
+    @classmethod
+    @functools.cache
+    def coefficients(cls) -> Coefficients:
+        return Coefficients.from_tableau(cls.tableau)
