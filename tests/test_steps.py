@@ -1,0 +1,119 @@
+"""Invariant 1: the recorded accepted steps are Diffrax's, to round-off (float64)."""
+
+import diffrax
+import gradsolve as gs
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from .helpers import PROBLEMS
+
+
+SOLVERS = [(gs.Tsit5, diffrax.Tsit5), (gs.Dopri5, diffrax.Dopri5)]
+
+
+def _controllers(t0, t1):
+    lo, hi = min(t0, t1), max(t0, t1)
+    span = hi - lo
+    return {
+        "default": diffrax.PIDController(rtol=1e-6, atol=1e-6),
+        "pi": diffrax.PIDController(rtol=1e-7, atol=1e-9, pcoeff=0.4, icoeff=0.3),
+        "pid_limits": diffrax.PIDController(
+            rtol=1e-5, atol=1e-7, pcoeff=0.2, icoeff=0.4, dcoeff=0.1, factormin=0.3,
+            factormax=5.0, safety=0.8,
+        ),
+        "dtmax": diffrax.PIDController(rtol=1e-6, atol=1e-6, dtmax=span / 37),
+        "jump_ts": diffrax.PIDController(
+            rtol=1e-6, atol=1e-6, jump_ts=jnp.array([lo + 0.31 * span, lo + 0.62 * span])
+        ),
+        "step_ts": diffrax.PIDController(
+            rtol=1e-6, atol=1e-6, step_ts=jnp.array([lo + 0.25 * span, lo + 0.5 * span])
+        ),
+        "dtmin": diffrax.PIDController(rtol=1e-8, atol=1e-8, dtmin=span / 200),
+    }
+
+
+def _diffrax_steps(problem, solver, t0, t1, dt0, controller):
+    sol = jax.jit(
+        lambda y0, args: diffrax.diffeqsolve(
+            diffrax.ODETerm(problem.f), solver, t0, t1, dt0, y0, args,
+            saveat=diffrax.SaveAt(steps=True), stepsize_controller=controller,
+            max_steps=4096,
+        )
+    )(problem.y0, problem.args)
+    n = int(sol.stats["num_accepted_steps"])
+    return np.concatenate([[t0], np.asarray(sol.ts[:n])]), n
+
+
+def _check(problem_name, solvers, controller_name, direction, dt0_given):
+    problem = PROBLEMS[problem_name]
+    t0, t1 = problem.t0, problem.t1
+    if direction == "backward":
+        # Backwards over a shorter span: several of these problems blow up backwards.
+        t0, t1 = 0.3 * (problem.t1 - problem.t0), problem.t0
+    controller = _controllers(t0, t1)[controller_name]
+    dt0 = (t1 - t0) / 50 if dt0_given else None
+    ours, theirs = solvers
+    expected, n = _diffrax_steps(problem, theirs(), t0, t1, dt0, controller)
+    mesh = gs.record(
+        diffrax.ODETerm(problem.f), ours(), t0, t1, dt0, problem.y0, problem.args,
+        stepsize_controller=controller,
+    )
+    assert int(mesh.num_steps) == n
+    ts = np.asarray(mesh.ts)
+    # The error estimate is a difference of nearly equal sums, so its round-off (a
+    # different summation order from Diffrax's) moves later step sizes by ~1e-10 of
+    # the span; the steps themselves (count, accept/reject) are identical.
+    np.testing.assert_allclose(ts[: n + 1], expected, rtol=0, atol=1e-6 * abs(t1 - t0))
+    assert np.all(ts[n + 1 :] == ts[n])  # padding repeats the final time
+    assert ts[n] == pytest.approx(t1, abs=0)
+
+
+CONTROLLERS = ["default", "pi", "pid_limits", "dtmax", "jump_ts", "step_ts", "dtmin"]
+
+
+@pytest.mark.parametrize("problem_name", sorted(PROBLEMS))
+@pytest.mark.parametrize("solvers", SOLVERS, ids=["tsit5", "dopri5"])
+@pytest.mark.parametrize("controller_name", CONTROLLERS)
+def test_same_steps_as_diffrax(problem_name, solvers, controller_name):
+    # Alternate direction and dt0 across the grid; the slow test covers the rest.
+    index = CONTROLLERS.index(controller_name) + sorted(PROBLEMS).index(problem_name)
+    direction = "forward" if index % 2 == 0 else "backward"
+    _check(problem_name, solvers, controller_name, direction, dt0_given=index % 3 == 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("problem_name", sorted(PROBLEMS))
+@pytest.mark.parametrize("solvers", SOLVERS, ids=["tsit5", "dopri5"])
+@pytest.mark.parametrize("controller_name", CONTROLLERS)
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("dt0_given", [False, True])
+def test_same_steps_as_diffrax_full(
+    problem_name, solvers, controller_name, direction, dt0_given
+):
+    _check(problem_name, solvers, controller_name, direction, dt0_given)
+
+
+@pytest.mark.parametrize("solvers", SOLVERS, ids=["tsit5", "dopri5"])
+def test_constant_step_size_and_step_to(solvers):
+    problem = PROBLEMS["lotka_volterra"]
+    ours, theirs = solvers
+    term = diffrax.ODETerm(problem.f)
+    for controller, dt0 in [
+        (diffrax.ConstantStepSize(), 0.02),
+        (diffrax.StepTo(ts=jnp.array([0.0, 0.5, 1.7, 2.0, 4.5, 6.0])), None),
+    ]:
+        sol = diffrax.diffeqsolve(
+            term, theirs(), 0.0, 6.0, dt0, problem.y0, problem.args,
+            saveat=diffrax.SaveAt(steps=True), stepsize_controller=controller,
+        )
+        mine = gs.diffeqsolve(
+            term, ours(), 0.0, 6.0, dt0, problem.y0, problem.args,
+            saveat=diffrax.SaveAt(steps=True), stepsize_controller=controller,
+        )
+        n = int(sol.stats["num_accepted_steps"])
+        assert int(mine.mesh.num_steps) == n
+        np.testing.assert_allclose(mine.ts[:n], sol.ts[:n], rtol=1e-12)
+        np.testing.assert_allclose(mine.ys[:n], sol.ys[:n], rtol=1e-10, atol=1e-12)
+        assert np.all(np.isinf(np.asarray(mine.ts[n:])))
