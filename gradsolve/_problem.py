@@ -36,6 +36,9 @@ class Prepared(eqx.Module):
     dt0: jax.Array | None
     y0: list
     plan: SavePlan
+    # False when y0 or args hold NaN/inf: the errors that would follow are not reported
+    # over the one that explains them.
+    valid: jax.Array
 
 
 def time_dtype(t0, t1, dt0, ts):
@@ -62,18 +65,28 @@ def inexact_leaves(tree) -> list:
     return out
 
 
-def check_finite(tree, name: str):
-    """Raise (inside jit too) if `tree` holds a NaN or an infinity."""
+def _finite(tree):
     leaves = inexact_leaves(tree)
     if not leaves:
+        return jnp.array(True)
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+def check_finite(tree, name: str):
+    """Raise (inside jit too) if `tree` holds a NaN or an infinity."""
+    if not inexact_leaves(tree):
         return tree
-    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
-    return eqx.error_if(
-        tree,
-        ~finite,
+    finite = _finite(tree)
+    msg = (
         f"{name} contains NaN or inf; the solve would return NaN. Check how {name} "
-        "is computed (e.g. a division by zero or a log of a negative number).",
+        "is computed (e.g. a division by zero or a log of a negative number)."
     )
+    try:  # concrete values get a Python error, raised at once
+        if not bool(finite):
+            raise ValueError(msg)
+    except jax.errors.ConcretizationTypeError:
+        pass
+    return eqx.error_if(tree, ~finite, msg)
 
 
 def check_vector_field(f, t0, y0, args):
@@ -142,6 +155,16 @@ def _check_dt0(dt0, t0, t1):
     return eqx.error_if(dt0, wrong, msg)
 
 
+def check_concrete_inputs(t0, t1, dt0, y0, args, saveat: diffrax.SaveAt):
+    """Raise at once, outside `jit`, for bad inputs whose values are known."""
+    check_finite(y0, "y0")
+    check_finite(args, "args")
+    if dt0 is not None:
+        _check_dt0(dt0, t0, t1)
+    if saveat.subs.ts is not None:
+        _check_ts(jnp.asarray(saveat.subs.ts), t0, t1)
+
+
 def prepare(term, t0, t1, dt0, y0, args, saveat: diffrax.SaveAt) -> Prepared:
     """Validate and normalise the inputs of a fast-path solve."""
     sub = saveat.subs
@@ -164,6 +187,7 @@ def prepare(term, t0, t1, dt0, y0, args, saveat: diffrax.SaveAt) -> Prepared:
         raise ValueError("y0 has no arrays; pass the initial state as an array.")
     y0 = check_finite(y0, "y0")
     args = check_finite(args, "args")
+    valid = _finite(y0) & _finite(args)
     f = term.vector_field
     check_vector_field(f, t0, y0, args)
     direction = jnp.where(t0 < t1, 1, -1)
@@ -172,7 +196,7 @@ def prepare(term, t0, t1, dt0, y0, args, saveat: diffrax.SaveAt) -> Prepared:
     leaves, treedef = jtu.tree_flatten(y0)
     problem = LeafProblem(f=f, args=args, treedef=treedef)
     plan = SavePlan(ts=ts, t0=bool(sub.t0), t1=bool(sub.t1), steps=bool(sub.steps))
-    return Prepared(problem, t0, t1, dt0, leaves, plan)
+    return Prepared(problem, t0, t1, dt0, leaves, plan, valid)
 
 
 def has_jump_ts(controller) -> bool:

@@ -9,7 +9,7 @@ import jax.tree_util as jtu
 
 from ._adjoint import adjoint_loop
 from ._mesh import RecordedMesh
-from ._problem import has_jump_ts, LeafProblem, prepare
+from ._problem import check_concrete_inputs, has_jump_ts, LeafProblem, prepare
 from ._record import record_loop
 from ._solution import Solution
 from ._solver.base import AbstractExplicitSolver
@@ -129,27 +129,38 @@ def _prepare_and_convert(terms, t0, t1, dt0, y0, args, saveat):
     return prepared, f
 
 
-def _max_steps_message(max_steps):
-    return (
-        f"max_steps={max_steps} was reached before t1. Raise max_steps, loosen "
-        "rtol/atol, or, if the problem is stiff, use a stiff solver (e.g. "
-        "diffrax.Kvaerno5 through gs.diffeqsolve's Diffrax fallback)."
-    )
+def _max_steps_messages(max_steps) -> list[str]:
+    """One message per percent of the interval reached (an error message must be
+    static, so the place is chosen from a list by a traced index)."""
+    return [
+        f"max_steps={max_steps} was reached {percent}% of the way from t0 to t1. "
+        "Raise max_steps, loosen rtol/atol, or, if the problem is stiff, use a "
+        "stiff solver (e.g. diffrax.Kvaerno5, which gs.diffeqsolve runs through its "
+        "Diffrax fallback)."
+        for percent in range(101)
+    ]
 
 
-def _throw(out, result, max_steps):
-    out = eqx.error_if(
-        out, result == diffrax.RESULTS.max_steps_reached, _max_steps_message(max_steps)
+def _throw(out, result, max_steps, valid, mesh, t0, t1):
+    # The mesh is padded with the last time reached.
+    span = jnp.where(t1 == t0, 1, t1 - t0)
+    fraction = (mesh.ts[-1] - t0) / span
+    percent = jnp.clip(jnp.floor(100 * fraction), 0, 100).astype(jnp.int32)
+    out = eqx.branched_error_if(
+        out,
+        valid & (result == diffrax.RESULTS.max_steps_reached),
+        percent,
+        _max_steps_messages(max_steps),
     )
     out = eqx.error_if(
         out,
-        result == diffrax.RESULTS.dt_min_reached,
+        valid & (result == diffrax.RESULTS.dt_min_reached),
         "The step size fell below dtmin (PIDController(force_dtmin=False)). Lower "
         "dtmin, loosen rtol/atol, or check the vector field for a singularity.",
     )
     return eqx.error_if(
         out,
-        result != diffrax.RESULTS.successful,
+        valid & (result != diffrax.RESULTS.successful),
         "The solve failed; inspect sol.result with throw=False.",
     )
 
@@ -165,7 +176,10 @@ def _fast_diffeqsolve(terms, solver, t0, t1, dt0, y0, args, saveat,
     )
     ys = out.ys
     if throw:
-        ys = _throw(ys, out.result, max_steps)
+        ys = _throw(
+            ys, out.result, max_steps, prepared.valid, out.mesh, prepared.t0,
+            prepared.t1,
+        )
     return Solution(
         t0=prepared.t0,
         t1=prepared.t1,
@@ -230,6 +244,7 @@ def diffeqsolve(
             solver_state=solver_state, controller_state=controller_state,
             made_jump=made_jump,
         )
+    check_concrete_inputs(t0, t1, dt0, y0, args, saveat)
     return _fast_diffeqsolve(
         terms, solver, t0, t1, dt0, y0, args, saveat, stepsize_controller, max_steps,
         throw,
@@ -249,7 +264,10 @@ def _fast_record(terms, solver, t0, t1, dt0, y0, args, saveat, stepsize_controll
     )
     mesh = out.mesh
     if throw:
-        mesh = _throw(mesh, out.result, max_steps)
+        mesh = _throw(
+            mesh, out.result, max_steps, prepared.valid, mesh, prepared.t0,
+            prepared.t1,
+        )
     return mesh
 
 
@@ -290,6 +308,7 @@ def record(
             "solvers (gs.Tsit5(), gs.Dopri5()) on a diffrax.ODETerm with a "
             "PIDController, ConstantStepSize or StepTo controller."
         )
+    check_concrete_inputs(t0, t1, dt0, y0, args, saveat)
     return _fast_record(
         terms, solver, t0, t1, dt0, y0, args, saveat, stepsize_controller, max_steps,
         throw,

@@ -1,0 +1,101 @@
+"""Bad input gets a clear error that names the fix."""
+
+import diffrax
+import equinox as eqx
+import gradsolve as gs
+import jax
+import jax.numpy as jnp
+import pytest
+
+from .helpers import PROBLEMS
+
+
+LV = PROBLEMS["lotka_volterra"]
+TERM = diffrax.ODETerm(LV.f)
+CTRL = diffrax.PIDController(rtol=1e-6, atol=1e-6)
+# Inside jax.jit (rather than eqx.filter_jit) the same message arrives wrapped.
+RUNTIME = (eqx.EquinoxRuntimeError, jax.errors.JaxRuntimeError)
+
+
+def solve(**overrides):
+    kwargs = dict(
+        terms=TERM, solver=gs.Tsit5(), t0=0.0, t1=6.0, dt0=None, y0=LV.y0,
+        args=LV.args, stepsize_controller=CTRL,
+    )
+    kwargs.update(overrides)
+    return gs.diffeqsolve(**kwargs)
+
+
+def _raises(match, **overrides):
+    with pytest.raises((ValueError, TypeError, *RUNTIME), match=match):
+        jax.block_until_ready(solve(**overrides))
+
+
+def test_nan_in_y0_and_args():
+    _raises("y0 contains NaN or inf", y0=jnp.array([jnp.nan, 1.0]))
+    _raises("args contains NaN or inf", args=LV.args.at[0].set(jnp.inf))
+
+
+def test_nan_inside_jit_is_caught():
+    bad = jax.jit(lambda y0: solve(y0=y0).ys)
+    with pytest.raises(RUNTIME, match="y0 contains NaN or inf"):
+        jax.block_until_ready(bad(jnp.array([jnp.nan, 1.0])))
+
+
+def test_dt0_with_the_wrong_sign():
+    _raises("dt0 has the wrong sign", dt0=-0.1)
+    _raises("dt0 has the wrong sign", t0=6.0, t1=0.0, dt0=0.1)
+
+
+def test_max_steps_reached():
+    _raises(r"max_steps=5 was reached [0-9]+% of the way from t0 to t1.*Raise max_steps"
+            r".*loosen rtol/atol.*stiff", max_steps=5)
+    _raises("max_steps=200 was reached (49|50)% of the way", t1=4.0, dt0=0.01,
+            max_steps=200, stepsize_controller=diffrax.ConstantStepSize())
+    sol = solve(max_steps=5, throw=False)
+    assert sol.result == diffrax.RESULTS.max_steps_reached
+    with pytest.raises(eqx.EquinoxRuntimeError, match="max_steps=5"):
+        jax.block_until_ready(
+            gs.record(TERM, gs.Tsit5(), 0.0, 6.0, None, LV.y0, LV.args,
+                      stepsize_controller=CTRL, max_steps=5)
+        )
+
+
+def test_vector_field_wrong_shape_or_dtype():
+    with pytest.raises(ValueError, match="shape"):
+        solve(terms=diffrax.ODETerm(lambda t, y, a: jnp.zeros(3)))
+    with pytest.raises(ValueError, match="structure"):
+        solve(terms=diffrax.ODETerm(lambda t, y, a: (y, y)))
+    with pytest.raises(ValueError, match="dtype"):
+        solve(terms=diffrax.ODETerm(lambda t, y, a: jnp.zeros(2, dtype=jnp.complex128)))
+
+
+def test_saveat_ts_unsorted_or_outside():
+    _raises("sorted", saveat=diffrax.SaveAt(ts=jnp.array([1.0, 0.5])))
+    _raises("within", saveat=diffrax.SaveAt(ts=jnp.array([1.0, 7.0])))
+    traced = jax.jit(lambda ts: solve(saveat=diffrax.SaveAt(ts=ts)).ys)
+    with pytest.raises(RUNTIME, match="sorted"):
+        jax.block_until_ready(traced(jnp.array([2.0, 1.0])))
+
+
+def test_replay_with_another_solver_or_batch():
+    mesh = gs.record(TERM, gs.Tsit5(), 0.0, 6.0, None, LV.y0, LV.args,
+                     stepsize_controller=CTRL)
+    with pytest.raises(ValueError, match="recorded with Tsit5.*allow_other_solver"):
+        gs.replay(mesh, TERM, gs.Dopri5(), LV.y0, LV.args)
+    sol = gs.replay(mesh, TERM, gs.Dopri5(), LV.y0, LV.args, allow_other_solver=True)
+    assert jnp.all(jnp.isfinite(sol.ys))
+    with pytest.raises(TypeError, match="gradsolve solver"):
+        gs.replay(mesh, TERM, diffrax.Tsit5(), LV.y0, LV.args)
+
+
+def test_time_derivatives_are_refused():
+    loss = lambda t1: jnp.sum(solve(t1=t1).ys)
+    with pytest.raises(ValueError, match="t0, t1"):
+        jax.grad(loss)(6.0)
+
+
+def test_record_refuses_what_it_cannot_record():
+    with pytest.raises(ValueError, match="cannot record.*Kvaerno5"):
+        gs.record(TERM, diffrax.Kvaerno5(), 0.0, 6.0, None, LV.y0, LV.args,
+                  stepsize_controller=CTRL)
