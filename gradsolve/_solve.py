@@ -11,6 +11,7 @@ from ._adjoint import adjoint_loop
 from ._mesh import RecordedMesh
 from ._problem import check_concrete_inputs, has_jump_ts, LeafProblem, prepare
 from ._record import record_loop
+from ._saving import SavePlan
 from ._solution import Solution
 from ._solver.base import AbstractExplicitSolver
 
@@ -257,9 +258,11 @@ def _fast_record(terms, solver, t0, t1, dt0, y0, args, saveat, stepsize_controll
     prepared = prepare(terms, t0, t1, dt0, y0, args, saveat)
     y0 = jax.lax.stop_gradient(prepared.y0)
     args = jax.lax.stop_gradient(args)
+    # The mesh does not depend on what is saved: record without saving anything.
+    nothing = SavePlan(ts=None, t0=False, t1=False, steps=False)
     out = _record(
         (y0, args, prepared.problem.f), solver, prepared.t0, prepared.t1,
-        prepared.dt0, stepsize_controller, prepared.plan, max_steps,
+        prepared.dt0, stepsize_controller, nothing, max_steps,
         prepared.problem.treedef, False,
     )
     mesh = out.mesh
