@@ -12,6 +12,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ._components import ComponentProblem, Layout, use_components
 from ._mesh import RecordedMesh
 from ._problem import LeafProblem
 from ._replay import mesh_steps
@@ -61,21 +62,38 @@ def adjoint_loop(
     weights_fn = solver.interpolation_cls.weights
     direction, starts, ends = mesh_steps(mesh)
     num_steps = mesh.num_steps
-    zeros = [jnp.zeros(x.shape[1:], x.dtype) for x in states]
+    leaf_zeros = [jnp.zeros(x.shape[1:], x.dtype) for x in states]
+
+    # A small state is stepped as scalar components (see `_components.py`): the loop
+    # carries and the step's vjp then act on components; convert at the boundaries.
+    components = use_components(leaf_zeros)
+    if components:
+        comp_layout = Layout.of(leaf_zeros)
+        split, merge = comp_layout.split, comp_layout.merge
+    else:
+        split = merge = lambda x, batch_dims=0: list(x)
+    zeros = split(leaf_zeros)
 
     diff_dynamic, diff_static = eqx.partition(diff, is_float_array)
 
     def step(y, dynamic, s, e):
         _, args, f = eqx.combine(dynamic, diff_static)
         problem = LeafProblem(f=f, args=args, treedef=treedef)
-        y1, _, ks, _ = explicit_rk_step(coeffs, problem.vf, s, e, direction, y, None)
+        vf = problem.vf
+        if components:
+            vf = ComponentProblem(f, args, treedef, comp_layout).vf
+        y1, _, ks, _ = explicit_rk_step(coeffs, vf, s, e, direction, y, None)
         return y1, ks
 
     y_bar = zeros
     if layout.t1_slot is not None:
-        y_bar = [x[layout.t1_slot] for x in ys_bar]
+        y_bar = split([x[layout.t1_slot] for x in ys_bar])
     step_bar = None if layout.step_slot is None else [x[layout.step_slot] for x in ys_bar]
     ts_bar = None if layout.ts_slot is None else [x[layout.ts_slot] for x in ys_bar]
+    if step_bar is not None:
+        step_bar = split(step_bar, 1)
+    if ts_bar is not None:
+        ts_bar = split(ts_bar, 1)
     diff_bar = jax.tree_util.tree_map(jnp.zeros_like, diff_dynamic)
 
     def interpolation_bar(n, s, e):
@@ -117,7 +135,7 @@ def adjoint_loop(
         s, e = starts[n], ends[n]
         if step_bar is not None:
             y_bar = _add(y_bar, [x[n] for x in step_bar])
-        y_n = [x[n] for x in states]
+        y_n = split([x[n] for x in states])
         _, vjp = jax.vjp(lambda y, d: step(y, d, s, e), y_n, diff_dynamic)
         if ts_bar is not None:
             a_bar, b_bar, k_bar = interpolation_bar(n, s, e)
@@ -137,6 +155,6 @@ def adjoint_loop(
         no_steps = num_steps == 0
         y_bar = _add(y_bar, [jnp.where(no_steps, x.sum(0), 0) for x in ts_bar])
     if plan.t0:
-        y_bar = _add(y_bar, [x[0] for x in ys_bar])
+        y_bar = _add(y_bar, split([x[0] for x in ys_bar]))
     y0_bar, args_bar, f_bar = diff_bar
-    return _add(y0_bar, y_bar), args_bar, f_bar
+    return _add(y0_bar, merge(y_bar)), args_bar, f_bar

@@ -2,6 +2,7 @@
 
 import diffrax
 import equinox as eqx
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
@@ -40,7 +41,9 @@ def _where(pred, new, old):
 
 
 def _set_if(buffer, index, value, pred):
-    return buffer.at[index].set(jnp.where(pred, value, buffer[index]))
+    # `buffer` is an `eqxi.while_loop` buffer: the write is predicated in place (under
+    # vmap only the written row is selected, not the whole buffer).
+    return buffer.at[index].set(value, pred=pred)
 
 
 def record_loop(
@@ -190,7 +193,14 @@ def record_loop(
         c["num_rejected"] = c["num_rejected"] + jnp.where(keep, 0, 1)
         return c
 
-    c = jax.lax.while_loop(cond_fn, body_fn, carry)
+    buffer_keys = [k for k in ("mesh_ts", "starts", "restarts", "states") if k in carry]
+    # `eqxi.while_loop` (as Diffrax uses) rather than `lax.while_loop`: under `vmap` a
+    # `lax.while_loop` with a batched predicate `select`s its whole carry every
+    # iteration, which copies the `(max_steps + 1, ...)` buffers once per step.
+    c = eqxi.while_loop(
+        cond_fn, body_fn, carry, kind="lax",
+        buffers=lambda c: [c[k] for k in buffer_keys],
+    )
     result = diffrax.RESULTS.where(
         (c["tprev"] < ti1) & (c["result"] == diffrax.RESULTS.successful),
         diffrax.RESULTS.max_steps_reached,

@@ -1,11 +1,14 @@
 """The fixed-step replay of a recorded mesh: a differentiable `lax.scan`."""
 
+import functools
+
 import diffrax
 from diffrax._saveat import save_y as _save_y  # the default SaveAt fn
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
+from ._components import as_components
 from ._mesh import RecordedMesh
 from ._problem import LeafProblem, prepare
 from ._saving import assemble, save_layout, SavePlan
@@ -49,7 +52,10 @@ def replay_one(
     keep_ks = plan.ts is not None
     keep_states = plan.ts is not None or plan.steps
 
-    @jax.checkpoint
+    # A small state is stepped as a list of scalar components (see `_components.py`).
+    vf, to_comps, to_leaves = as_components(problem, y0)
+
+    @functools.partial(jax.checkpoint, prevent_cse=False)
     def body(carry, x):
         y, f_fsal = carry
         if mesh.restarts is None:
@@ -57,20 +63,27 @@ def replay_one(
             f0 = f_fsal
         else:
             s, e, restart = x
-            fresh = problem.vf(direction * s, y)
+            fresh = vf(direction * s, y)
             f0 = [jnp.where(restart, a, b) for a, b in zip(fresh, f_fsal)]
-        y1, y_error, ks, f1 = explicit_rk_step(
-            coeffs, problem.vf, s, e, direction, y, f0
-        )
+        y1, y_error, ks, f1 = explicit_rk_step(coeffs, vf, s, e, direction, y, f0)
         ratio = None
         if adaptive:
-            ratio = scaled_error(mesh.norm, mesh.rtol, mesh.atol, problem, y, y1, y_error)
+            ratio = scaled_error(
+                mesh.norm, mesh.rtol, mesh.atol, problem, to_leaves(y), to_leaves(y1),
+                to_leaves(y_error),
+            )
         out = (ratio, y1 if keep_states else None, ks if keep_ks else None)
         return (y1, f1), out
 
     xs = (starts, ends) if mesh.restarts is None else (starts, ends, mesh.restarts)
-    f_init = problem.vf(mesh.ts[0], y0)
-    (y_final, _), (ratios, states, ks) = jax.lax.scan(body, (y0, f_init), xs)
+    y0_comps = to_comps(y0)
+    f_init = vf(mesh.ts[0], y0_comps)
+    (y_final, _), (ratios, states, ks) = jax.lax.scan(body, (y0_comps, f_init), xs)
+    y_final = to_leaves(y_final)
+    if states is not None:
+        states = to_leaves(states, 1)
+    if ks is not None:
+        ks = [to_leaves(k, 1) for k in ks]
     layout = save_layout(plan, ends, max_steps)
     ts_values = None
     if plan.ts is not None:
