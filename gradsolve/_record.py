@@ -113,7 +113,8 @@ def record_loop(
         num_accepted=jnp.array(0),
         num_rejected=jnp.array(0),
         result=diffrax.RESULTS.successful,
-        mesh_ts=jnp.full((max_steps + 1,), ti0, dtype=time_dtype),
+        # Filled with t1: after a successful solve the padding is already in place.
+        mesh_ts=jnp.full((max_steps + 1,), ti1, dtype=time_dtype).at[0].set(ti0),
         ts_index=jnp.array(0),
         ts_values=zeros_like(y0, num_ts),
     )
@@ -207,7 +208,14 @@ def record_loop(
         c["result"],
     )
     num_accepted = c["num_accepted"]
-    mesh_ts = pad_after(c["mesh_ts"], num_accepted)
+    # A solve that stopped early pads with the last time it reached. (The branch is
+    # taken only if some trajectory of the batch failed.)
+    mesh_ts = jax.lax.cond(
+        eqxi.unvmap_any(c["tprev"] < ti1),
+        lambda ts: pad_after(ts, num_accepted),
+        lambda ts: ts,
+        c["mesh_ts"],
+    )
     step_ends = mesh_ts[1:]
     if num_ts > 0:
         # t0 == t1 takes no step: every requested save is the initial state.
