@@ -42,14 +42,16 @@ def adjoint_loop(
     ys_bar: list,
     diff,
     treedef,
+    every: int,
 ):
     """Pull the cotangents of the saved values back to `diff = (y0, args, f)`.
 
     **Arguments:**
 
     - `mesh`: the recorded mesh of this trajectory.
-    - `states`: the state after every accepted step (`states[0] = y0`), as leaves
-        with a leading `max_steps + 1` axis.
+    - `states`: the state after every `every`-th accepted step (`states[0] = y0`),
+        as leaves with a leading axis.
+    - `every`: the spacing of the checkpoints in `states`.
     - `layout`, `plan`: where each saved value came from (see `_saving.py`).
     - `ys_bar`: the cotangents of the saved values (leaves, leading save axis).
     - `diff`: `(y0_leaves, args, f)`, the differentiable inputs.
@@ -127,15 +129,11 @@ def adjoint_loop(
         _, acc = jax.lax.while_loop(cond, loop_body, (lo, init))
         return acc
 
-    def cond_fn(carry):
-        return carry[0] >= 0
-
-    def body_fn(carry):
-        n, y_bar, diff_bar = carry
+    def step_back(n, y_n, y_bar, diff_bar):
+        """Pull `y_bar` (of the state after step n) back over step n."""
         s, e = starts[n], ends[n]
         if step_bar is not None:
             y_bar = _add(y_bar, [x[n] for x in step_bar])
-        y_n = split([x[n] for x in states])
         _, vjp = jax.vjp(lambda y, d: step(y, d, s, e), y_n, diff_dynamic)
         if ts_bar is not None:
             a_bar, b_bar, k_bar = interpolation_bar(n, s, e)
@@ -145,10 +143,40 @@ def adjoint_loop(
             k_bar = [zeros] * coeffs.num_stages
             y_in_bar, d_bar = vjp((y_bar, k_bar))
         diff_bar = jax.tree_util.tree_map(jnp.add, diff_bar, d_bar)
-        return n - 1, y_in_bar, diff_bar
+        return y_in_bar, diff_bar
 
+    def segment_body(carry):
+        """Steps `[n0, n0 + every)`: recompute their start states from the segment's
+        checkpoint, then walk back over them."""
+        segment, y_bar, diff_bar = carry
+        n0 = segment * every
+        start = split([x[segment] for x in states])
+        if every == 1:
+            local = [x[None] for x in start]
+        else:
+            index = jnp.minimum(n0 + jnp.arange(every), mesh.max_steps - 1)
+
+            def forward(y, i):
+                y1, _ = step(y, diff_dynamic, starts[i], ends[i])
+                return y1, y
+
+            _, local = jax.lax.scan(forward, start, index)
+
+        def cond(c):
+            return c[0] >= n0
+
+        def body(c):
+            n, y_bar, diff_bar = c
+            y_n = [x[n - n0] for x in local]
+            return (n - 1, *step_back(n, y_n, y_bar, diff_bar))
+
+        last = jnp.minimum(n0 + every, num_steps) - 1
+        _, y_bar, diff_bar = jax.lax.while_loop(cond, body, (last, y_bar, diff_bar))
+        return segment - 1, y_bar, diff_bar
+
+    num_segments = (num_steps + every - 1) // every
     _, y_bar, diff_bar = jax.lax.while_loop(
-        cond_fn, body_fn, (num_steps - 1, y_bar, diff_bar)
+        lambda c: c[0] >= 0, segment_body, (num_segments - 1, y_bar, diff_bar)
     )
     if ts_bar is not None:
         # t0 == t1 takes no step: every `ts` value is y0 itself.

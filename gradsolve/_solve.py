@@ -100,7 +100,7 @@ def _solve_fwd(perturbed, diff, solver, t0, t1, dt0, controller, plan, max_steps
                treedef):
     del perturbed
     out = _record(diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, True)
-    residuals = (out.mesh, out.states, out.layout)
+    residuals = (out.mesh, out.states, out.layout, out.checkpoint_every)
     out = eqx.tree_at(lambda o: o.states, out, None, is_leaf=lambda x: x is None)
     return out, residuals
 
@@ -109,13 +109,15 @@ def _solve_fwd(perturbed, diff, solver, t0, t1, dt0, controller, plan, max_steps
 def _solve_bwd(residuals, grad_obj, perturbed, diff, solver, t0, t1, dt0, controller,
                plan, max_steps, treedef):
     del perturbed, t0, t1, dt0, controller, max_steps
-    mesh, states, layout = residuals
+    mesh, states, layout, every = residuals
     ys_bar = [
         jnp.zeros_like(s, shape=(plan.size(mesh.max_steps),) + s.shape[1:])
         if g is None else g
         for g, s in zip(grad_obj.ys, states)
     ]
-    return adjoint_loop(solver, mesh, states, layout, plan, ys_bar, diff, treedef)
+    return adjoint_loop(
+        solver, mesh, states, layout, plan, ys_bar, diff, treedef, every
+    )
 
 
 def _prepare_and_convert(terms, t0, t1, dt0, y0, args, saveat):
