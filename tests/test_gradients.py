@@ -137,3 +137,53 @@ def test_trim_keeps_the_replay():
     full = gs.replay(meshes, term, gs.Tsit5(), y0s, args, args_axes=0)
     short = gs.replay(trimmed, term, gs.Tsit5(), y0s, args, args_axes=0)
     np.testing.assert_array_equal(full.ys, short.ys)
+
+
+@pytest.mark.parametrize(
+    "controller",
+    [
+        diffrax.PIDController(rtol=1e-8, atol=1e-8, jump_ts=jnp.array([1.3, 2.9])),
+        diffrax.PIDController(rtol=1e-8, atol=1e-8, step_ts=jnp.array([0.7, 4.1])),
+        diffrax.ConstantStepSize(),
+    ],
+    ids=["jump_ts", "step_ts", "constant"],
+)
+def test_gradients_with_clipped_and_constant_steps(controller):
+    problem = PROBLEMS["forced"]
+    term = diffrax.ODETerm(problem.f)
+    saveat = diffrax.SaveAt(ts=jnp.linspace(0.5, 8.0, 9))
+    dt0 = 0.05 if isinstance(controller, diffrax.ConstantStepSize) else None
+
+    def loss(solve, solver):
+        def fn(y0, args):
+            sol = solve(term, solver, 0.0, 8.0, dt0, y0, args, saveat=saveat,
+                        stepsize_controller=controller)
+            return jnp.sum(sol.ys**2)
+        return fn
+
+    want = jax.grad(loss(diffrax.diffeqsolve, diffrax.Tsit5()), argnums=(0, 1))(
+        problem.y0, problem.args
+    )
+    got = jax.grad(loss(gs.diffeqsolve, gs.Tsit5()), argnums=(0, 1))(
+        problem.y0, problem.args
+    )
+    assert max_relative_error(got, want) <= 1e-8
+
+
+def test_empty_interval():
+    problem = PROBLEMS["lotka_volterra"]
+    term = diffrax.ODETerm(problem.f)
+    saveat = diffrax.SaveAt(t0=True, ts=jnp.array([1.0, 1.0]), t1=True)
+
+    def loss(solve, solver):
+        def fn(y0):
+            sol = solve(term, solver, 1.0, 1.0, 0.1, y0, problem.args, saveat=saveat)
+            return jnp.sum(sol.ys**2), sol.ys
+        return fn
+
+    (value, ys), grad = jax.value_and_grad(loss(gs.diffeqsolve, gs.Tsit5()),
+                                           has_aux=True)(problem.y0)
+    (want_value, want_ys), want_grad = jax.value_and_grad(
+        loss(diffrax.diffeqsolve, diffrax.Tsit5()), has_aux=True)(problem.y0)
+    np.testing.assert_allclose(ys, want_ys)
+    np.testing.assert_allclose(grad, want_grad)
