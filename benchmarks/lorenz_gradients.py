@@ -1,0 +1,95 @@
+"""Forward and gradient times of every gradsolve path next to Diffrax's, on one case.
+
+`python benchmarks/lorenz_gradients.py [--trajectories 4096]`: the Lorenz ensemble of
+the DiffEqGPU.jl benchmark (rho = linspace(0, 21, N)), float64, rtol = atol = 1e-8,
+loss = sum(y(t1)**2). Prints minimum times over repeats (after a compiling call) for
+Diffrax's forward and default-adjoint gradient, `gs.diffeqsolve` forward and gradient,
+and `gs.replay` forward and gradient over an existing trimmed mesh, plus the largest
+relative difference of the gradients from Diffrax's. Used for the table of levers in
+benchmarks/README.md.
+"""
+
+import argparse
+import time
+
+import jax
+
+
+jax.config.update("jax_enable_x64", True)
+
+import diffrax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import gradsolve as gs  # noqa: E402
+
+
+def lorenz(t, y, args):
+    sigma, rho, beta = args
+    return jnp.stack(
+        [sigma * (y[1] - y[0]), y[0] * (rho - y[2]) - y[1], y[0] * y[1] - beta * y[2]]
+    )
+
+
+def best_ms(fn, *args, repeats=5):
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return 1e3 * min(times)
+
+
+def main(n: int):
+    term = diffrax.ODETerm(lorenz)
+    ctrl = diffrax.PIDController(rtol=1e-8, atol=1e-8)
+    rho = jnp.linspace(0.0, 21.0, n)
+    params = jnp.stack([jnp.full(n, 10.0), rho, jnp.full(n, 8 / 3)], axis=1)
+    y0s = jnp.tile(jnp.array([1.0, 0.0, 0.0]), (n, 1))
+
+    def ensemble(solve):
+        return lambda params: jax.vmap(solve)(y0s, params)
+
+    diffrax_ys = ensemble(lambda y0, p: diffrax.diffeqsolve(
+        term, diffrax.Tsit5(), 0.0, 1.0, None, y0, p, stepsize_controller=ctrl).ys)
+    gs_ys = ensemble(lambda y0, p: gs.diffeqsolve(
+        term, gs.Tsit5(), 0.0, 1.0, None, y0, p, stepsize_controller=ctrl).ys)
+    mesh = jax.jit(ensemble(lambda y0, p: gs.record(
+        term, gs.Tsit5(), 0.0, 1.0, None, y0, p, stepsize_controller=ctrl)))(params)
+    mesh = mesh.trim()
+
+    def replay_ys(params, mesh):
+        return jax.vmap(lambda m, y0, p: gs.replay(m, term, gs.Tsit5(), y0, p).ys)(
+            mesh, y0s, params
+        )
+
+    def loss(ys_fn):
+        return lambda *a: jnp.sum(ys_fn(*a) ** 2)
+
+    grads = {
+        "diffrax": jax.jit(jax.grad(loss(diffrax_ys))),
+        "gs.diffeqsolve": jax.jit(jax.grad(loss(gs_ys))),
+        "gs.replay": jax.jit(jax.grad(loss(replay_ys))),
+    }
+    forwards = {
+        "diffrax": jax.jit(diffrax_ys),
+        "gs.diffeqsolve": jax.jit(gs_ys),
+        "gs.replay": jax.jit(replay_ys),
+    }
+    extra = {"diffrax": (), "gs.diffeqsolve": (), "gs.replay": (mesh,)}
+    reference = grads["diffrax"](params)
+    print(f"Lorenz, {n} trajectories, float64, rtol = atol = 1e-8, "
+          f"mesh of {mesh.max_steps} steps")
+    for name in grads:
+        fwd = best_ms(forwards[name], params, *extra[name])
+        grad = best_ms(grads[name], params, *extra[name])
+        g = grads[name](params, *extra[name])
+        diff = float(jnp.max(jnp.abs(g - reference)) / jnp.max(jnp.abs(reference)))
+        print(f"{name:15s} forward {fwd:8.1f} ms   gradient {grad:8.1f} ms   "
+              f"gradient vs Diffrax {diff:.1e}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trajectories", type=int, default=4096)
+    main(parser.parse_args().trajectories)
