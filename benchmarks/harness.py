@@ -24,8 +24,12 @@ import tools
 from problems import Problem, make_inputs
 
 
-def time_interleaved(tasks: dict[str, Callable], repeats: int,
-                     warmups: dict[str, int] | None = None, log=print) -> dict:
+def time_interleaved(
+    tasks: dict[str, Callable],
+    repeats: int,
+    warmups: dict[str, int] | None = None,
+    log=print,
+) -> dict:
     """Time each zero-argument callable in `tasks`, interleaved (see module doc).
 
     `warmups[name]` is the number of untimed calls before the rounds (default 1),
@@ -51,7 +55,7 @@ def time_interleaved(tasks: dict[str, Callable], repeats: int,
             fn()  # further warm-up calls
         live.append(name)
     for r in range(repeats):
-        order = live[r % len(live):] + live[: r % len(live)] if live else []
+        order = live[r % len(live) :] + live[: r % len(live)] if live else []
         for name in order:
             gc.collect()
             start = time.perf_counter()
@@ -96,23 +100,39 @@ def _build(name, problem, y0s, args, tol, dtype, scipy_cap):
     raise ValueError(name)
 
 
-def compute_reference(problem: Problem, n: int, dtype, with_gradient: bool = False,
-                      log=print) -> dict:
+def compute_reference(
+    problem: Problem, n: int, dtype, with_gradient: bool = False, log=print
+) -> dict:
     """The tight reference of one ensemble (see `tools.reference`), timed."""
     y0s, args = make_inputs(problem, n)
     start = time.perf_counter()
-    states, grad = tools.reference(problem, y0s, args, dtype,
-                                   with_gradient=with_gradient)
+    states, grad = tools.reference(
+        problem, y0s, args, dtype, with_gradient=with_gradient
+    )
     seconds = time.perf_counter() - start
-    log(f"  reference ({'states and gradient' if with_gradient else 'states'}): "
-        f"{seconds:.1f} s")
-    return {"states": states, "gradient": grad, "seconds": seconds,
-            "method": "diffrax Dopri8, rtol = atol = 1e-13, float64"}
+    log(
+        f"  reference ({'states and gradient' if with_gradient else 'states'}): "
+        f"{seconds:.1f} s"
+    )
+    return {
+        "states": states,
+        "gradient": grad,
+        "seconds": seconds,
+        "method": "diffrax Dopri8, rtol = atol = 1e-13, float64",
+    }
 
 
-def run_case(problem: Problem, n: int, dtype, tol: float, repeats: int,
-             tool_names: list[str], scipy_cap: int, ref: dict | None = None,
-             log=print) -> dict:
+def run_case(
+    problem: Problem,
+    n: int,
+    dtype,
+    tol: float,
+    repeats: int,
+    tool_names: list[str],
+    scipy_cap: int,
+    ref: dict | None = None,
+    log=print,
+) -> dict:
     """Time and check every tool in `tool_names` on one ensemble; return raw numbers.
 
     `ref` is a `compute_reference` result, computed here if not given; when it holds
@@ -125,10 +145,16 @@ def run_case(problem: Problem, n: int, dtype, tol: float, repeats: int,
     y0s, args = make_inputs(problem, n)
     ref = ref or compute_reference(problem, n, dtype, log=log)
     ref_states, ref_grad = ref["states"], ref["gradient"]
-    case = {"problem": problem.name, "n": n, "dtype": dtype_name, "rtol": tol,
-            "atol": tol, "repeats": repeats,
-            "reference": {"method": ref["method"], "seconds": ref["seconds"]},
-            "tools": {}}
+    case = {
+        "problem": problem.name,
+        "n": n,
+        "dtype": dtype_name,
+        "rtol": tol,
+        "atol": tol,
+        "repeats": repeats,
+        "reference": {"method": ref["method"], "seconds": ref["seconds"]},
+        "tools": {},
+    }
 
     built = {}
     for name in tool_names:
@@ -138,8 +164,9 @@ def run_case(problem: Problem, n: int, dtype, tol: float, repeats: int,
             case["tools"][name] = {"failed": f"{type(e).__name__}: {e}"}
             log(f"  {name}: could not be built ({type(e).__name__}: {e})")
     tasks = {f"{b.tool}/{op}": fn for b in built.values() for op, fn in b.tasks.items()}
-    warmups = {f"{b.tool}/{op}": b.warmup_calls for b in built.values()
-               for op in b.tasks}
+    warmups = {
+        f"{b.tool}/{op}": b.warmup_calls for b in built.values() for op in b.tasks
+    }
     timings = time_interleaved(tasks, repeats, warmups, log=log)
 
     for name, b in built.items():
@@ -167,8 +194,9 @@ def run_case(problem: Problem, n: int, dtype, tol: float, repeats: int,
             if b.gradient is not None and "gradient" in ok:
                 entry["_gradient"] = b.gradient()
                 if ref_grad is not None:
-                    entry["gradient_error"] = gradient_difference(entry["_gradient"],
-                                                                  ref_grad)
+                    entry["gradient_error"] = gradient_difference(
+                        entry["_gradient"], ref_grad
+                    )
             if b.steps is not None and ok:
                 entry["steps"] = b.steps()
         except Exception as e:
@@ -197,27 +225,34 @@ def _log_case(case, log):
                 log(f"  {name:9s} {op:16s} FAILED: {t['failed'][:120]}")
                 continue
             scaled = f" (x{t['time_scale']:.0f} scaled)" if "time_scale" in t else ""
-            log(f"  {name:9s} {op:16s} min {1e3 * t['min_s']:10.2f} ms  median "
+            log(
+                f"  {name:9s} {op:16s} min {1e3 * t['min_s']:10.2f} ms  median "
                 f"{1e3 * t['median_s']:10.2f} ms  compile {t['compile_s']:6.2f} s"
-                f"{scaled}")
+                f"{scaled}"
+            )
         extras = []
         if "error" in entry:
             extras.append(f"state error {entry['error']:.2e}")
         if "gradient_error" in entry:
             extras.append(f"gradient error {entry['gradient_error']:.2e}")
         if "steps" in entry:
-            extras.append(f"steps {entry['steps']['steps_min']}-"
-                          f"{entry['steps']['steps_max']}")
+            extras.append(
+                f"steps {entry['steps']['steps_min']}-{entry['steps']['steps_max']}"
+            )
         if extras:
             log(f"  {name:9s} " + ", ".join(extras))
     gs_entry = case["tools"].get("gradsolve", {})
     if "gradient_vs_diffrax" in gs_entry:
-        log(f"  CHECK gradsolve gradient vs Diffrax: max relative difference "
-            f"{gs_entry['gradient_vs_diffrax']:.2e}")
+        log(
+            f"  CHECK gradsolve gradient vs Diffrax: max relative difference "
+            f"{gs_entry['gradient_vs_diffrax']:.2e}"
+        )
     else:
         log("  CHECK gradsolve gradient vs Diffrax: not available (a tool failed)")
     to_entry = case["tools"].get("torchode", {})
     if "gradient_vs_diffrax" in to_entry:
-        log(f"  torchode gradient vs Diffrax (own steps, not expected equal): "
-            f"{to_entry['gradient_vs_diffrax']:.2e}")
+        log(
+            f"  torchode gradient vs Diffrax (own steps, not expected equal): "
+            f"{to_entry['gradient_vs_diffrax']:.2e}"
+        )
     log(f"  (case took {case['seconds']:.1f} s in all)")

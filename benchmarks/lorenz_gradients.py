@@ -50,12 +50,27 @@ def main(n: int):
     def ensemble(solve):
         return lambda params: jax.vmap(solve)(y0s, params)
 
-    diffrax_ys = ensemble(lambda y0, p: diffrax.diffeqsolve(
-        term, diffrax.Tsit5(), 0.0, 1.0, None, y0, p, stepsize_controller=ctrl).ys)
-    gs_ys = ensemble(lambda y0, p: gs.diffeqsolve(
-        term, gs.Tsit5(), 0.0, 1.0, None, y0, p, stepsize_controller=ctrl).ys)
-    mesh = jax.jit(ensemble(lambda y0, p: gs.record(
-        term, gs.Tsit5(), 0.0, 1.0, None, y0, p, stepsize_controller=ctrl)))(params)
+    diffrax_ys = ensemble(
+        lambda y0, p: (
+            diffrax.diffeqsolve(
+                term, diffrax.Tsit5(), 0.0, 1.0, None, y0, p, stepsize_controller=ctrl
+            ).ys
+        )
+    )
+    gs_ys = ensemble(
+        lambda y0, p: (
+            gs.diffeqsolve(
+                term, gs.Tsit5(), 0.0, 1.0, None, y0, p, stepsize_controller=ctrl
+            ).ys
+        )
+    )
+    mesh = jax.jit(
+        ensemble(
+            lambda y0, p: gs.record(
+                term, gs.Tsit5(), 0.0, 1.0, None, y0, p, stepsize_controller=ctrl
+            )
+        )
+    )(params)
     mesh = mesh.trim()
 
     def replay_ys(params, mesh):
@@ -78,15 +93,19 @@ def main(n: int):
     }
     extra = {"diffrax": (), "gs.diffeqsolve": (), "gs.replay": (mesh,)}
     reference = grads["diffrax"](params)
-    print(f"Lorenz, {n} trajectories, float64, rtol = atol = 1e-8, "
-          f"mesh of {mesh.max_steps} steps")
+    print(
+        f"Lorenz, {n} trajectories, float64, rtol = atol = 1e-8, "
+        f"mesh of {mesh.max_steps} steps"
+    )
     for name in grads:
         fwd = best_ms(forwards[name], params, *extra[name])
         grad = best_ms(grads[name], params, *extra[name])
         g = grads[name](params, *extra[name])
         diff = float(jnp.max(jnp.abs(g - reference)) / jnp.max(jnp.abs(reference)))
-        print(f"{name:15s} forward {fwd:8.1f} ms   gradient {grad:8.1f} ms   "
-              f"gradient vs Diffrax {diff:.1e}")
+        print(
+            f"{name:15s} forward {fwd:8.1f} ms   gradient {grad:8.1f} ms   "
+            f"gradient vs Diffrax {diff:.1e}"
+        )
 
 
 if __name__ == "__main__":

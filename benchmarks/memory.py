@@ -67,13 +67,20 @@ def child(tool: str, problem_name: str, n: int, dtype_name: str, tol: float | No
     compiled = built.compile_gradient()
     built.tasks["gradient"]()
     seconds = time.perf_counter() - start
-    result = {"peak_rss_mib": _rss_mib(), "setup_rss_mib": setup,
-              "seconds_incl_compile": seconds}
+    result = {
+        "peak_rss_mib": _rss_mib(),
+        "setup_rss_mib": setup,
+        "seconds_incl_compile": seconds,
+    }
     try:
         ma = compiled.memory_analysis()
         result["temp_bytes"] = int(ma.temp_size_in_bytes)
-        result["xla_bytes"] = int(ma.temp_size_in_bytes + ma.argument_size_in_bytes
-                                  + ma.output_size_in_bytes - ma.alias_size_in_bytes)
+        result["xla_bytes"] = int(
+            ma.temp_size_in_bytes
+            + ma.argument_size_in_bytes
+            + ma.output_size_in_bytes
+            - ma.alias_size_in_bytes
+        )
     except Exception as e:  # not every backend/version reports it
         result["xla_note"] = f"memory_analysis unavailable: {e}"
     if tool == "gradsolve":
@@ -81,26 +88,48 @@ def child(tool: str, problem_name: str, n: int, dtype_name: str, tol: float | No
     print(MARK + json.dumps(result), flush=True)
 
 
-def measure(problem: str, n: int, dtype_name: str, tol: float | None,
-            timeout_s: float = 1800, log=print) -> dict:
+def measure(
+    problem: str,
+    n: int,
+    dtype_name: str,
+    tol: float | None,
+    timeout_s: float = 1800,
+    log=print,
+) -> dict:
     """Run the child for gradsolve and for Diffrax, one after the other."""
-    out = {"problem": problem, "n": n, "dtype": dtype_name,
-           "method": "peak RSS (VmHWM) of a child process per tool, and XLA "
-                     "memory_analysis() of the compiled gradient",
-           "tools": {}}
+    out = {
+        "problem": problem,
+        "n": n,
+        "dtype": dtype_name,
+        "method": "peak RSS (VmHWM) of a child process per tool, and XLA "
+        "memory_analysis() of the compiled gradient",
+        "tools": {},
+    }
     for tool in ("gradsolve", "diffrax"):
-        cmd = [sys.executable, os.path.abspath(__file__), "--tool", tool, "--problem",
-               problem, "--n", str(n), "--dtype", dtype_name]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--tool",
+            tool,
+            "--problem",
+            problem,
+            "--n",
+            str(n),
+            "--dtype",
+            dtype_name,
+        ]
         if tol is not None:
             cmd += ["--tol", str(tol)]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True,
-                                  timeout=timeout_s)
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=timeout_s
+            )
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
             if proc.returncode != 0 or not lines:
-                raise RuntimeError(f"exit code {proc.returncode}: "
-                                   f"{proc.stderr.strip()[-500:]}")
-            out["tools"][tool] = json.loads(lines[-1][len(MARK):])
+                raise RuntimeError(
+                    f"exit code {proc.returncode}: {proc.stderr.strip()[-500:]}"
+                )
+            out["tools"][tool] = json.loads(lines[-1][len(MARK) :])
         except Exception as e:
             out["tools"][tool] = {"failed": f"{type(e).__name__}: {e}"}
         m = out["tools"][tool]
@@ -108,9 +137,11 @@ def measure(problem: str, n: int, dtype_name: str, tol: float | None,
             log(f"  memory {tool}: FAILED {m['failed'][:300]}")
         else:
             xla = m.get("xla_bytes")
-            log(f"  memory {tool:9s}: peak RSS {m['peak_rss_mib']:8.0f} MiB (setup "
+            log(
+                f"  memory {tool:9s}: peak RSS {m['peak_rss_mib']:8.0f} MiB (setup "
                 f"{m['setup_rss_mib']:.0f} MiB); XLA gradient executable "
-                + (f"{xla / 2**20:.1f} MiB" if xla is not None else "n/a"))
+                + (f"{xla / 2**20:.1f} MiB" if xla is not None else "n/a")
+            )
     return out
 
 

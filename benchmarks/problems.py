@@ -153,8 +153,16 @@ PROBLEMS: dict[str, Problem] = {
         description="Lorenz, t in [0, 1], y0 = [1, 0, 0], sigma = 10, "
         "rho = linspace(0, 21, N), beta = 8/3 (DiffEqGPU.jl benchmark); "
         "gradient w.r.t. (sigma, rho, beta) of every trajectory",
-        t0=0.0, t1=1.0, dim=3, args_axes=0, tol64=1e-8, tol32=1e-5, max_steps=4096,
-        make_inputs=_lorenz_inputs, jax_vf=_lorenz_jax, torch_vf=_lorenz_torch,
+        t0=0.0,
+        t1=1.0,
+        dim=3,
+        args_axes=0,
+        tol64=1e-8,
+        tol32=1e-5,
+        max_steps=4096,
+        make_inputs=_lorenz_inputs,
+        jax_vf=_lorenz_jax,
+        torch_vf=_lorenz_torch,
         numpy_vf=_lorenz_numpy,
     ),
     "lotka_volterra": Problem(
@@ -162,17 +170,33 @@ PROBLEMS: dict[str, Problem] = {
         description="Lotka-Volterra, t in [0, 10], y0 = [1, 1], (a, b, c, d) = "
         "(1.5, 1, 1, 3) times U[0.8, 1.2] per trajectory and parameter (seed 0); "
         "gradient w.r.t. the parameters of every trajectory",
-        t0=0.0, t1=10.0, dim=2, args_axes=0, tol64=1e-8, tol32=1e-5, max_steps=4096,
-        make_inputs=_lv_inputs, jax_vf=_lv_jax, torch_vf=_lv_torch,
+        t0=0.0,
+        t1=10.0,
+        dim=2,
+        args_axes=0,
+        tol64=1e-8,
+        tol32=1e-5,
+        max_steps=4096,
+        make_inputs=_lv_inputs,
+        jax_vf=_lv_jax,
+        torch_vf=_lv_torch,
         numpy_vf=_lv_numpy,
     ),
     "neural_ode": Problem(
         name="neural_ode",
         description="Neural ODE, t in [0, 5], MLP 4-64-64-4 with tanh, weights shared, "
         "y0 ~ N(0, 1) per trajectory (seed 0); gradient w.r.t. the MLP weights",
-        t0=0.0, t1=5.0, dim=NODE_DIM, args_axes=None, tol64=1e-6, tol32=1e-5,
-        max_steps=4096, make_inputs=_node_inputs, jax_vf=_node_jax,
-        torch_vf=_node_torch, numpy_vf=_node_numpy,
+        t0=0.0,
+        t1=5.0,
+        dim=NODE_DIM,
+        args_axes=None,
+        tol64=1e-6,
+        tol32=1e-5,
+        max_steps=4096,
+        make_inputs=_node_inputs,
+        jax_vf=_node_jax,
+        torch_vf=_node_torch,
+        numpy_vf=_node_numpy,
     ),
 }
 

@@ -11,8 +11,18 @@ import jax
 import numpy as np
 
 
-PACKAGES = ["gradsolve", "jax", "jaxlib", "diffrax", "equinox", "numpy", "scipy",
-            "torch", "torchode", "matplotlib"]
+PACKAGES = [
+    "gradsolve",
+    "jax",
+    "jaxlib",
+    "diffrax",
+    "equinox",
+    "numpy",
+    "scipy",
+    "torch",
+    "torchode",
+    "matplotlib",
+]
 
 
 def _cpu_model() -> str:
@@ -28,11 +38,20 @@ def _cpu_model() -> str:
 def _git_commit() -> str:
     here = Path(__file__).resolve().parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here,
-                                capture_output=True, text=True, timeout=10).stdout
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "../gradsolve"],
-                               cwd=here, capture_output=True, text=True,
-                               timeout=10).stdout
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "../gradsolve"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
         return commit.strip() + (" (gradsolve/ modified)" if dirty.strip() else "")
     except Exception:
         return "unknown"
@@ -106,8 +125,9 @@ def table_rows(case: dict) -> list[list[str]]:
         if isinstance(entry.get("error"), float):
             err = f"{entry['error']:.1e} / {entry['error_median']:.1e}"
         speed = f"{_speedup(d_fwd, fwd)} / {_speedup(d_grad, grad)}"
-        rows.append(head + [label, _ms(fwd), _ms(grad), _compile(*compile_parts), err,
-                            speed])
+        rows.append(
+            head + [label, _ms(fwd), _ms(grad), _compile(*compile_parts), err, speed]
+        )
 
     for name, entry in tools.items():
         if "failed" in entry:
@@ -115,24 +135,45 @@ def table_rows(case: dict) -> list[list[str]]:
             continue
         ops = entry["ops"]
         if name == "gradsolve":
-            add("gradsolve", ops.get("forward"), ops.get("gradient"),
-                [ops.get("forward"), ops.get("gradient")], entry)
-            add("gradsolve record + gradient", ops.get("record"),
-                ops.get("record+gradient"), [ops.get("record"), ops.get("gradient")],
-                entry)
+            add(
+                "gradsolve",
+                ops.get("forward"),
+                ops.get("gradient"),
+                [ops.get("forward"), ops.get("gradient")],
+                entry,
+            )
+            add(
+                "gradsolve record + gradient",
+                ops.get("record"),
+                ops.get("record+gradient"),
+                [ops.get("record"), ops.get("gradient")],
+                entry,
+            )
         elif name == "scipy":
             label = f"scipy RK45 ({entry['info']['trajectories_solved']} traj., scaled)"
             add(label, ops.get("forward"), None, [], entry)
         else:
-            add(name, ops.get("forward"), ops.get("gradient"),
-                [ops.get("forward"), ops.get("gradient")], entry)
+            add(
+                name,
+                ops.get("forward"),
+                ops.get("gradient"),
+                [ops.get("forward"), ops.get("gradient")],
+                entry,
+            )
     return rows
 
 
-HEADER = ["problem", "N", "dtype", "tool", "forward ms (min / median)",
-          "gradient ms (min / median)", "compile s (fwd / grad)",
-          "error (max / median)",
-          "speed-up vs Diffrax (fwd / grad)"]
+HEADER = [
+    "problem",
+    "N",
+    "dtype",
+    "tool",
+    "forward ms (min / median)",
+    "gradient ms (min / median)",
+    "compile s (fwd / grad)",
+    "error (max / median)",
+    "speed-up vs Diffrax (fwd / grad)",
+]
 
 
 def markdown_table(cases: list[dict]) -> str:
@@ -152,8 +193,10 @@ def checks_lines(cases: list[dict]) -> list[str]:
         t = c["tools"].get("torchode", {}).get("gradient_vs_diffrax")
         text = f"{g:.2e}" if g is not None else "not available"
         extra = f" (torchode, its own steps: {t:.2e})" if t is not None else ""
-        out.append(f"- {c['problem']}, N = {c['n']}, {c['dtype']}: gradsolve vs "
-                   f"Diffrax gradient, max relative difference {text}{extra}")
+        out.append(
+            f"- {c['problem']}, N = {c['n']}, {c['dtype']}: gradsolve vs "
+            f"Diffrax gradient, max relative difference {text}{extra}"
+        )
     return out
 
 
@@ -161,22 +204,27 @@ def memory_lines(memory: dict | None) -> list[str]:
     """The peak-memory comparison as markdown lines."""
     if not memory:
         return []
-    lines = [f"Peak memory of one gradient, {memory['problem']}, N = {memory['n']}, "
-             f"{memory['dtype']} (each tool in its own subprocess; peak RSS = the "
-             "child's VmHWM from /proc/self/status, which includes XLA compilation; "
-             "XLA = `memory_analysis()` of the compiled gradient, temporaries + "
-             "arguments + outputs):", ""]
+    lines = [
+        f"Peak memory of one gradient, {memory['problem']}, N = {memory['n']}, "
+        f"{memory['dtype']} (each tool in its own subprocess; peak RSS = the "
+        "child's VmHWM from /proc/self/status, which includes XLA compilation; "
+        "XLA = `memory_analysis()` of the compiled gradient, temporaries + "
+        "arguments + outputs):",
+        "",
+    ]
     for tool, m in memory["tools"].items():
         if "failed" in m:
             lines.append(f"- {tool}: failed ({m['failed'][:200]})")
             continue
         xla = m.get("xla_bytes")
         xla_text = f"{xla / 2**20:.1f} MiB" if xla is not None else "n/a"
-        lines.append(f"- {tool}: peak RSS {m['peak_rss_mib']:.0f} MiB "
-                     f"({m['peak_rss_mib'] - m['setup_rss_mib']:.0f} MiB above the "
-                     f"process after imports and inputs); XLA {xla_text} "
-                     f"(temporaries {m.get('temp_bytes', 0) / 2**20:.1f} MiB)"
-                     + (f"; {m['note']}" if m.get("note") else ""))
+        lines.append(
+            f"- {tool}: peak RSS {m['peak_rss_mib']:.0f} MiB "
+            f"({m['peak_rss_mib'] - m['setup_rss_mib']:.0f} MiB above the "
+            f"process after imports and inputs); XLA {xla_text} "
+            f"(temporaries {m.get('temp_bytes', 0) / 2**20:.1f} MiB)"
+            + (f"; {m['note']}" if m.get("note") else "")
+        )
     return lines
 
 

@@ -73,14 +73,23 @@ def equal_error_speedups(curve_set: dict, baseline: str = "Diffrax") -> list[dic
         if lo > hi:
             rows.append({"tool": label, "note": "no common error range"})
             continue
-        levels = [10.0**k for k in range(math.ceil(math.log10(lo)),
-                                          math.floor(math.log10(hi)) + 1)]
+        levels = [
+            10.0**k
+            for k in range(math.ceil(math.log10(lo)), math.floor(math.log10(hi)) + 1)
+        ]
         levels = levels or [math.sqrt(lo * hi)]
         for e in levels:
             t_base = math.exp(_log_time_at(base, e))
             t_tool = math.exp(_log_time_at(points, e))
-            rows.append({"tool": label, "error": e, "baseline_ms": 1e3 * t_base,
-                         "tool_ms": 1e3 * t_tool, "speedup": t_base / t_tool})
+            rows.append(
+                {
+                    "tool": label,
+                    "error": e,
+                    "baseline_ms": 1e3 * t_base,
+                    "tool_ms": 1e3 * t_tool,
+                    "speedup": t_base / t_tool,
+                }
+            )
     return rows
 
 
@@ -93,8 +102,9 @@ def plot(curve_set: dict, title: str, xlabel: str, path: Path):
 
     fig, ax = plt.subplots(figsize=(7, 5))
     for label, points in curve_set.items():
-        ax.loglog([p[0] for p in points], [1e3 * p[1] for p in points], "o-",
-                  label=label)
+        ax.loglog(
+            [p[0] for p in points], [1e3 * p[1] for p in points], "o-", label=label
+        )
     ax.set_xlabel(xlabel)
     ax.set_ylabel("time (ms, minimum of repeats)")
     ax.set_title(title, fontsize=10)
@@ -105,33 +115,67 @@ def plot(curve_set: dict, title: str, xlabel: str, path: Path):
     plt.close(fig)
 
 
-def run_sweep(problem: Problem, n: int, dtype, tols: list[float], repeats: int,
-              tool_names: list[str], scipy_cap: int, out_dir: Path, log=print) -> dict:
+def run_sweep(
+    problem: Problem,
+    n: int,
+    dtype,
+    tols: list[float],
+    repeats: int,
+    tool_names: list[str],
+    scipy_cap: int,
+    out_dir: Path,
+    log=print,
+) -> dict:
     """Run the sweep, write the two PNGs, return the raw numbers and speed-ups."""
     dtype_name = np.dtype(dtype).name
-    log(f"\nWork-precision sweep: {problem.name}, N = {n}, {dtype_name}, "
-        f"tolerances {', '.join(f'{t:g}' for t in tols)}")
+    log(
+        f"\nWork-precision sweep: {problem.name}, N = {n}, {dtype_name}, "
+        f"tolerances {', '.join(f'{t:g}' for t in tols)}"
+    )
     ref = harness.compute_reference(problem, n, dtype, with_gradient=True, log=log)
-    cases = [harness.run_case(problem, n, dtype, tol, repeats, tool_names, scipy_cap,
-                              ref=ref, log=log) for tol in tols]
+    cases = [
+        harness.run_case(
+            problem, n, dtype, tol, repeats, tool_names, scipy_cap, ref=ref, log=log
+        )
+        for tol in tols
+    ]
     fwd = curves(cases, FORWARD_CURVES, "error")
     grad = curves(cases, GRADIENT_CURVES, "gradient_error")
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"sweep_{problem.name}_{n}_{dtype_name}"
-    title = f"{problem.name}, N = {n}, {dtype_name}, rtol = atol in " \
-            f"[{min(tols):g}, {max(tols):g}]"
-    paths = {"forward": out_dir / f"{stem}_forward.png",
-             "gradient": out_dir / f"{stem}_gradient.png"}
-    plot(fwd, f"Forward solve: {title}",
-         "max relative error of the final states (vs Dopri8 at 1e-13)",
-         paths["forward"])
-    plot(grad, f"Gradient: {title}",
-         "max relative error of the gradient (vs Dopri8 at 1e-13)", paths["gradient"])
-    result = {"problem": problem.name, "n": n, "dtype": dtype_name, "tols": tols,
-              "cases": cases, "curves": {"forward": fwd, "gradient": grad},
-              "speedups": {"forward": equal_error_speedups(fwd),
-                           "gradient": equal_error_speedups(grad)},
-              "plots": {k: str(p) for k, p in paths.items()}}
+    title = (
+        f"{problem.name}, N = {n}, {dtype_name}, rtol = atol in "
+        f"[{min(tols):g}, {max(tols):g}]"
+    )
+    paths = {
+        "forward": out_dir / f"{stem}_forward.png",
+        "gradient": out_dir / f"{stem}_gradient.png",
+    }
+    plot(
+        fwd,
+        f"Forward solve: {title}",
+        "max relative error of the final states (vs Dopri8 at 1e-13)",
+        paths["forward"],
+    )
+    plot(
+        grad,
+        f"Gradient: {title}",
+        "max relative error of the gradient (vs Dopri8 at 1e-13)",
+        paths["gradient"],
+    )
+    result = {
+        "problem": problem.name,
+        "n": n,
+        "dtype": dtype_name,
+        "tols": tols,
+        "cases": cases,
+        "curves": {"forward": fwd, "gradient": grad},
+        "speedups": {
+            "forward": equal_error_speedups(fwd),
+            "gradient": equal_error_speedups(grad),
+        },
+        "plots": {k: str(p) for k, p in paths.items()},
+    }
     for line in speedup_lines(result):
         log(line)
     return result
@@ -141,15 +185,20 @@ def speedup_lines(result: dict) -> list[str]:
     """The equal-error speed-ups as markdown lines."""
     lines = []
     for kind in ("forward", "gradient"):
-        lines += ["", f"Speed-up over Diffrax at equal {kind} error "
-                  "(log-log interpolation):", "",
-                  "| tool | error | Diffrax ms | tool ms | speed-up |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"Speed-up over Diffrax at equal {kind} error (log-log interpolation):",
+            "",
+            "| tool | error | Diffrax ms | tool ms | speed-up |",
+            "|---|---|---|---|---|",
+        ]
         for r in result["speedups"][kind]:
             if "note" in r:
                 lines.append(f"| {r['tool']} | {r['note']} | | | |")
             else:
-                lines.append(f"| {r['tool']} | {r['error']:.0e} | "
-                             f"{r['baseline_ms']:.3g} | {r['tool_ms']:.3g} | "
-                             f"{r['speedup']:.2f}x |")
+                lines.append(
+                    f"| {r['tool']} | {r['error']:.0e} | "
+                    f"{r['baseline_ms']:.3g} | {r['tool_ms']:.3g} | "
+                    f"{r['speedup']:.2f}x |"
+                )
     return lines

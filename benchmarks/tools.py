@@ -86,8 +86,17 @@ def build_gradsolve(problem: Problem, y0s, args, tol: float, dtype) -> Built:
     @jax.jit
     def forward(y0s, args):
         def one(y0, a):
-            sol = gs.diffeqsolve(term, solver, t0, t1, None, y0, a,
-                                 stepsize_controller=ctrl, max_steps=ms)
+            sol = gs.diffeqsolve(
+                term,
+                solver,
+                t0,
+                t1,
+                None,
+                y0,
+                a,
+                stepsize_controller=ctrl,
+                max_steps=ms,
+            )
             return sol.ys[-1]
 
         return jax.vmap(one, in_axes=(0, ax))(y0s, args)
@@ -95,8 +104,17 @@ def build_gradsolve(problem: Problem, y0s, args, tol: float, dtype) -> Built:
     @jax.jit
     def record_batched(y0s, args):
         def one(y0, a):
-            return gs.record(term, solver, t0, t1, None, y0, a,
-                             stepsize_controller=ctrl, max_steps=ms)
+            return gs.record(
+                term,
+                solver,
+                t0,
+                t1,
+                None,
+                y0,
+                a,
+                stepsize_controller=ctrl,
+                max_steps=ms,
+            )
 
         return jax.vmap(one, in_axes=(0, ax))(y0s, args)
 
@@ -116,8 +134,11 @@ def build_gradsolve(problem: Problem, y0s, args, tol: float, dtype) -> Built:
 
     def mesh_info():
         steps = np.asarray(held["mesh"].num_steps)
-        return {"steps_min": int(steps.min()), "steps_max": int(steps.max()),
-                "mesh_length": int(held["mesh"].max_steps)}
+        return {
+            "steps_min": int(steps.min()),
+            "steps_max": int(steps.max()),
+            "mesh_length": int(held["mesh"].max_steps),
+        }
 
     return Built(
         tool="gradsolve",
@@ -143,8 +164,17 @@ def diffrax_final_states(problem, solver, tol, t0, t1, max_steps):
     ctrl = diffrax.PIDController(rtol=tol, atol=tol)
 
     def one(y0, a):
-        sol = diffrax.diffeqsolve(term, solver, t0, t1, None, y0, a,
-                                  stepsize_controller=ctrl, max_steps=max_steps)
+        sol = diffrax.diffeqsolve(
+            term,
+            solver,
+            t0,
+            t1,
+            None,
+            y0,
+            a,
+            stepsize_controller=ctrl,
+            max_steps=max_steps,
+        )
         return sol.ys[-1]
 
     return jax.vmap(one, in_axes=(0, problem.args_axes))
@@ -154,8 +184,9 @@ def build_diffrax(problem: Problem, y0s, args, tol: float, dtype) -> Built:
     """Diffrax: `forward` = jit(vmap(diffrax.diffeqsolve)) with Tsit5 and a
     PIDController; `gradient` = jit(grad) of the loss with the default adjoint."""
     t0, t1 = jnp.asarray(problem.t0, dtype), jnp.asarray(problem.t1, dtype)
-    finals = diffrax_final_states(problem, diffrax.Tsit5(), tol, t0, t1,
-                                  problem.max_steps)
+    finals = diffrax_final_states(
+        problem, diffrax.Tsit5(), tol, t0, t1, problem.max_steps
+    )
     y0s, args = to_jax(y0s, dtype), to_jax(args, dtype)
     forward = jax.jit(finals)
     grad = jax.jit(jax.grad(lambda a, y: jnp.sum(finals(y, a) ** 2)))
@@ -171,8 +202,15 @@ def build_diffrax(problem: Problem, y0s, args, tol: float, dtype) -> Built:
     )
 
 
-def reference(problem: Problem, y0s, args, dtype, tol: float = 1e-13,
-              with_gradient: bool = False, max_steps: int = 100_000):
+def reference(
+    problem: Problem,
+    y0s,
+    args,
+    dtype,
+    tol: float = 1e-13,
+    with_gradient: bool = False,
+    max_steps: int = 100_000,
+):
     """A tight solution with Diffrax Dopri8 at rtol = atol = `tol` in float64.
 
     The inputs are first rounded to `dtype`, then solved in float64, so a float32
@@ -183,8 +221,9 @@ def reference(problem: Problem, y0s, args, dtype, tol: float = 1e-13,
     f64 = jnp.float64
     y0s = to_jax(to_jax(y0s, dtype), f64)
     args = to_jax(to_jax(args, dtype), f64)
-    finals = diffrax_final_states(problem, diffrax.Dopri8(), tol, f64(problem.t0),
-                                  f64(problem.t1), max_steps)
+    finals = diffrax_final_states(
+        problem, diffrax.Dopri8(), tol, f64(problem.t0), f64(problem.t1), max_steps
+    )
     states = np.asarray(jax.jit(finals)(y0s, args))
     if not with_gradient:
         return states, None
@@ -217,15 +256,21 @@ def build_torchode(problem: Problem, y0s, args, tol: float, dtype) -> Built:
     tdtype = torch.float64 if dtype == jnp.float64 else torch.float32
     n = y0s.shape[0]
     y0 = torch.tensor(np.asarray(y0s), dtype=tdtype)
-    targs = jax.tree_util.tree_map(lambda x: torch.tensor(np.asarray(x), dtype=tdtype),
-                                   args)
+    targs = jax.tree_util.tree_map(
+        lambda x: torch.tensor(np.asarray(x), dtype=tdtype), args
+    )
     term = to.ODETerm(problem.torch_vf, with_args=True)
     step = to.Tsit5(term=term)
     ctrl = to.IntegralController(atol=tol, rtol=tol, term=term)
-    adjoint = to.AutoDiffAdjoint(step, ctrl, max_steps=problem.max_steps,
-                                 backprop_through_step_size_control=False)
+    adjoint = to.AutoDiffAdjoint(
+        step,
+        ctrl,
+        max_steps=problem.max_steps,
+        backprop_through_step_size_control=False,
+    )
     ivp = to.InitialValueProblem(
-        y0=y0, t_start=torch.full((n,), problem.t0, dtype=tdtype),
+        y0=y0,
+        t_start=torch.full((n,), problem.t0, dtype=tdtype),
         t_end=torch.full((n,), problem.t1, dtype=tdtype),
     )
     held = {}
@@ -285,8 +330,15 @@ def build_scipy(problem: Problem, y0s, args, tol: float, dtype, cap: int) -> Bui
     def forward():
         out = np.empty((len(subset), problem.dim))
         for k, i in enumerate(subset):
-            sol = solve_ivp(problem.numpy_vf, (problem.t0, problem.t1), y0s[i],
-                            method="RK45", rtol=tol, atol=tol, args=(args_of(i),))
+            sol = solve_ivp(
+                problem.numpy_vf,
+                (problem.t0, problem.t1),
+                y0s[i],
+                method="RK45",
+                rtol=tol,
+                atol=tol,
+                args=(args_of(i),),
+            )
             if sol.status != 0:
                 raise RuntimeError(f"solve_ivp failed: {sol.message}")
             out[k] = sol.y[:, -1]

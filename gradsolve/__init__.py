@@ -1,11 +1,11 @@
-"""gradsolve: record the steps of an adaptive ODE solve, replay them to differentiate."""
+"""gradsolve: record an adaptive ODE solve's steps; replay them to differentiate."""
 
 from diffrax import (
+    RESULTS as RESULTS,
     ClipStepSizeController as ClipStepSizeController,
     ConstantStepSize as ConstantStepSize,
     ODETerm as ODETerm,
     PIDController as PIDController,
-    RESULTS as RESULTS,
     SaveAt as SaveAt,
     StepTo as StepTo,
 )

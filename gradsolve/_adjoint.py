@@ -90,7 +90,9 @@ def adjoint_loop(
     y_bar = zeros
     if layout.t1_slot is not None:
         y_bar = split([x[layout.t1_slot] for x in ys_bar])
-    step_bar = None if layout.step_slot is None else [x[layout.step_slot] for x in ys_bar]
+    step_bar = (
+        None if layout.step_slot is None else [x[layout.step_slot] for x in ys_bar]
+    )
     ts_bar = None if layout.ts_slot is None else [x[layout.ts_slot] for x in ys_bar]
     if step_bar is not None:
         step_bar = split(step_bar, 1)

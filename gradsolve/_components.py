@@ -119,8 +119,10 @@ def _structural(prim, params, elems):
     if name == "slice":
         strides = params["strides"] or (1,) * x.ndim
         index = tuple(
-            slice(s, l, st)
-            for s, l, st in zip(params["start_indices"], params["limit_indices"], strides)
+            slice(start, stop, step)
+            for start, stop, step in zip(
+                params["start_indices"], params["limit_indices"], strides
+            )
         )
         return x[index]
     if name == "transpose":
@@ -182,8 +184,7 @@ def _eval_comp(eqn, prim, invals, avals, out_avals):
         x = _as_elems(invals[0], avals[0])
         axis = eqn.params["axis"]
         return [
-            _Comp(_take(x, i, axis), out_avals[0].dtype)
-            for i in range(x.shape[axis])
+            _Comp(_take(x, i, axis), out_avals[0].dtype) for i in range(x.shape[axis])
         ]
     (out_aval,) = out_avals
     if name in _ELEMENTWISE:
@@ -205,14 +206,17 @@ def _eval_comp(eqn, prim, invals, avals, out_avals):
         }[name]
         x = _as_elems(invals[0], avals[0])
         out = _reduce(op, x, eqn.params["axes"])
-        return [_Comp(np.asarray(out, dtype=object).reshape(out_aval.shape),
-                      out_aval.dtype)]
+        return [
+            _Comp(np.asarray(out, dtype=object).reshape(out_aval.shape), out_aval.dtype)
+        ]
     if name == "dot_general":
         (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
         if lb or rb:
             return None
         pref = eqn.params.get("preferred_element_type")
-        if pref is not None and any(jnp.dtype(a.dtype) != jnp.dtype(pref) for a in avals):
+        if pref is not None and any(
+            jnp.dtype(a.dtype) != jnp.dtype(pref) for a in avals
+        ):
             return None
         a = _as_elems(invals[0], avals[0])
         b = _as_elems(invals[1], avals[1])
@@ -339,8 +343,9 @@ class ComponentProblem:
         self.split_args = _split_args(args)
 
     def vf(self, t, comps):
-        return component_field(self.f, self.treedef, self.layout, t, comps,
-                               self.split_args)
+        return component_field(
+            self.f, self.treedef, self.layout, t, comps, self.split_args
+        )
 
 
 def as_components(problem, leaves):
@@ -351,8 +356,10 @@ def as_components(problem, leaves):
     Call it outside any loop over steps: it splits `problem.args` once.
     """
     if not use_components(leaves):
-        return problem.vf, (lambda x, batch_dims=0: list(x)), (
-            lambda x, batch_dims=0: list(x)
+        return (
+            problem.vf,
+            (lambda x, batch_dims=0: list(x)),
+            (lambda x, batch_dims=0: list(x)),
         )
     layout = Layout.of(leaves)
     cp = ComponentProblem(problem.f, problem.args, problem.treedef, layout)

@@ -96,7 +96,9 @@ class RecordedMesh(eqx.Module):
             ) from e
         length = bucket_length(longest, self.max_steps)
         ts = self.ts[..., : length + 1]
-        step_starts = None if self.step_starts is None else self.step_starts[..., :length]
+        step_starts = (
+            None if self.step_starts is None else self.step_starts[..., :length]
+        )
         restarts = None if self.restarts is None else self.restarts[..., :length]
         return eqx.tree_at(
             lambda m: (m.ts, m.step_starts, m.restarts),

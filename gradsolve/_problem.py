@@ -9,7 +9,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
-import numpy as np
 
 from ._saving import SavePlan
 
@@ -94,9 +93,7 @@ def check_vector_field(f, t0, y0, args):
     try:
         out = jax.eval_shape(f, t0, y0, args)
     except Exception as e:
-        raise type(e)(
-            f"Evaluating the vector field f(t0, y0, args) failed: {e}"
-        ) from e
+        raise type(e)(f"Evaluating the vector field f(t0, y0, args) failed: {e}") from e
     y_struct = jax.eval_shape(lambda: y0)
     if jtu.tree_structure(out) != jtu.tree_structure(y_struct):
         raise ValueError(
@@ -201,11 +198,3 @@ def prepare(term, t0, t1, dt0, y0, args, saveat: diffrax.SaveAt) -> Prepared:
 
 def has_jump_ts(controller) -> bool:
     return getattr(controller, "jump_ts", None) is not None
-
-
-def is_concrete(x) -> bool:
-    try:
-        np.asarray(x)
-    except Exception:
-        return False
-    return True

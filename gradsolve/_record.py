@@ -5,13 +5,12 @@ import equinox as eqx
 import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
-import jax.tree_util as jtu
 from diffrax._term import WrapTerm
 from jaxtyping import Array
 
-from ._mesh import pad_after, RecordedMesh
+from ._mesh import RecordedMesh, pad_after
 from ._problem import LeafProblem
-from ._saving import assemble, save_layout, SaveLayout, SavePlan
+from ._saving import SaveLayout, SavePlan, assemble, save_layout
 from ._solver.base import AbstractExplicitSolver, explicit_rk_step
 from ._solver.interpolation import combine, normalised_time
 
@@ -182,7 +181,9 @@ def record_loop(
 
             def save_cond(s):
                 i, _ = s
-                return keep & (i < num_ts) & (plan.ts[jnp.minimum(i, num_ts - 1)] <= tnext)
+                return (
+                    keep & (i < num_ts) & (plan.ts[jnp.minimum(i, num_ts - 1)] <= tnext)
+                )
 
             def save_body(s):
                 i, values = s
@@ -211,7 +212,10 @@ def record_loop(
     # `lax.while_loop` with a batched predicate `select`s its whole carry every
     # iteration, which copies the `(max_steps + 1, ...)` buffers once per step.
     c = eqxi.while_loop(
-        cond_fn, body_fn, carry, kind="lax",
+        cond_fn,
+        body_fn,
+        carry,
+        kind="lax",
         buffers=lambda c: [c[k] for k in buffer_keys],
     )
     result = diffrax.RESULTS.where(
@@ -241,8 +245,16 @@ def record_loop(
     step_values = None if states is None else [s[1:] for s in states]
     layout = save_layout(plan, step_ends, max_steps)
     ts_out, ys_out = assemble(
-        plan, layout, max_steps, num_accepted, ti0, step_ends, y0, ts_values,
-        step_values, c["y"],
+        plan,
+        layout,
+        max_steps,
+        num_accepted,
+        ti0,
+        step_ends,
+        y0,
+        ts_values,
+        step_values,
+        c["y"],
     )
     if has_jumps:
         used = jnp.arange(max_steps) < num_accepted

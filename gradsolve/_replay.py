@@ -3,15 +3,15 @@
 import functools
 
 import diffrax
-from diffrax._saveat import save_y as _save_y  # the default SaveAt fn
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+from diffrax._saveat import save_y as _save_y  # the default SaveAt fn
 
 from ._components import as_components
 from ._mesh import RecordedMesh
 from ._problem import LeafProblem, prepare
-from ._saving import assemble, save_layout, SavePlan
+from ._saving import SavePlan, assemble, save_layout
 from ._solution import Solution
 from ._solver.base import AbstractExplicitSolver, explicit_rk_step
 from ._solver.interpolation import combine, normalised_time
@@ -69,7 +69,12 @@ def replay_one(
         ratio = None
         if adaptive:
             ratio = scaled_error(
-                mesh.norm, mesh.rtol, mesh.atol, problem, to_leaves(y), to_leaves(y1),
+                mesh.norm,
+                mesh.rtol,
+                mesh.atol,
+                problem,
+                to_leaves(y),
+                to_leaves(y1),
                 to_leaves(y_error),
             )
         out = (ratio, y1 if keep_states else None, ks if keep_ks else None)
@@ -97,8 +102,16 @@ def replay_one(
             theta, before, after, stage_ks
         )
     ts_out, ys_out = assemble(
-        plan, layout, max_steps, mesh.num_steps, starts[0], ends, y0, ts_values,
-        states, y_final,
+        plan,
+        layout,
+        max_steps,
+        mesh.num_steps,
+        starts[0],
+        ends,
+        y0,
+        ts_values,
+        states,
+        y_final,
     )
     max_ratio = jnp.max(ratios) if adaptive else None
     return direction * ts_out, ys_out, max_ratio

@@ -1,15 +1,15 @@
 """`diffeqsolve` and `record`: the adaptive solve, with the Diffrax fallback."""
 
 import diffrax
-from diffrax._saveat import save_y as _save_y  # the default SaveAt fn
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+from diffrax._saveat import save_y as _save_y  # the default SaveAt fn
 
 from ._adjoint import adjoint_loop
 from ._mesh import RecordedMesh
-from ._problem import check_concrete_inputs, has_jump_ts, LeafProblem, prepare
+from ._problem import LeafProblem, check_concrete_inputs, has_jump_ts, prepare
 from ._record import record_loop
 from ._saving import SavePlan
 from ._solution import Solution
@@ -24,9 +24,19 @@ _FAST_CONTROLLERS = (
 )
 
 
-def fallback_reason(terms, solver, saveat, stepsize_controller, adjoint, event,
-                    max_steps, progress_meter, solver_state, controller_state,
-                    made_jump) -> str | None:
+def fallback_reason(
+    terms,
+    solver,
+    saveat,
+    stepsize_controller,
+    adjoint,
+    event,
+    max_steps,
+    progress_meter,
+    solver_state,
+    controller_state,
+    made_jump,
+) -> str | None:
     """Why a solve cannot take the fast path (`None` if it can)."""
     if not isinstance(solver, AbstractExplicitSolver):
         return f"the solver is {type(solver).__name__}, not a gradsolve solver"
@@ -71,7 +81,7 @@ def _no_time_derivative_jvp(primals, tangents):
     )
 
 
-def _unbatched_times(t0, t1, dt0, saveat):
+def _refuse_time_derivatives(t0, t1, dt0, saveat):
     t0, t1 = _no_time_derivative(t0), _no_time_derivative(t1)
     dt0 = None if dt0 is None else _no_time_derivative(dt0)
     if saveat.subs.ts is not None:
@@ -85,19 +95,31 @@ def _record(diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, kee
     y0, args, f = diff
     problem = LeafProblem(f=f, args=args, treedef=treedef)
     return record_loop(
-        problem, solver, t0, t1, dt0, y0, controller, plan, max_steps,
-        keep_states=keep, has_jumps=has_jump_ts(controller),
+        problem,
+        solver,
+        t0,
+        t1,
+        dt0,
+        y0,
+        controller,
+        plan,
+        max_steps,
+        keep_states=keep,
+        has_jumps=has_jump_ts(controller),
     )
 
 
 @eqx.filter_custom_vjp
 def _solve(diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef):
-    return _record(diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, False)
+    return _record(
+        diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, False
+    )
 
 
 @_solve.def_fwd
-def _solve_fwd(perturbed, diff, solver, t0, t1, dt0, controller, plan, max_steps,
-               treedef):
+def _solve_fwd(
+    perturbed, diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef
+):
     del perturbed
     out = _record(diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, True)
     residuals = (out.mesh, out.states, out.layout, out.checkpoint_every)
@@ -106,13 +128,26 @@ def _solve_fwd(perturbed, diff, solver, t0, t1, dt0, controller, plan, max_steps
 
 
 @_solve.def_bwd
-def _solve_bwd(residuals, grad_obj, perturbed, diff, solver, t0, t1, dt0, controller,
-               plan, max_steps, treedef):
+def _solve_bwd(
+    residuals,
+    grad_obj,
+    perturbed,
+    diff,
+    solver,
+    t0,
+    t1,
+    dt0,
+    controller,
+    plan,
+    max_steps,
+    treedef,
+):
     del perturbed, t0, t1, dt0, controller, max_steps
     mesh, states, layout, every = residuals
     ys_bar = [
         jnp.zeros_like(s, shape=(plan.size(mesh.max_steps),) + s.shape[1:])
-        if g is None else g
+        if g is None
+        else g
         for g, s in zip(grad_obj.ys, states)
     ]
     return adjoint_loop(
@@ -121,13 +156,15 @@ def _solve_bwd(residuals, grad_obj, perturbed, diff, solver, t0, t1, dt0, contro
 
 
 def _prepare_and_convert(terms, t0, t1, dt0, y0, args, saveat):
-    t0, t1, dt0, saveat = _unbatched_times(t0, t1, dt0, saveat)
+    t0, t1, dt0, saveat = _refuse_time_derivatives(t0, t1, dt0, saveat)
     prepared = prepare(terms, t0, t1, dt0, y0, args, saveat)
     # Make closed-over arrays of the vector field explicit, so that they are
     # differentiated like `args` (and custom_vjp sees no closed-over tracers).
     f = eqx.filter_closure_convert(
-        prepared.problem.f, prepared.t0, jtu.tree_unflatten(prepared.problem.treedef,
-                                                            prepared.y0), args
+        prepared.problem.f,
+        prepared.t0,
+        jtu.tree_unflatten(prepared.problem.treedef, prepared.y0),
+        args,
     )
     return prepared, f
 
@@ -169,18 +206,31 @@ def _throw(out, result, max_steps, valid, mesh, t0, t1):
 
 
 @eqx.filter_jit
-def _fast_diffeqsolve(terms, solver, t0, t1, dt0, y0, args, saveat,
-                      stepsize_controller, max_steps, throw):
+def _fast_diffeqsolve(
+    terms, solver, t0, t1, dt0, y0, args, saveat, stepsize_controller, max_steps, throw
+):
     prepared, f = _prepare_and_convert(terms, t0, t1, dt0, y0, args, saveat)
     treedef = prepared.problem.treedef
     out = _solve(
-        (prepared.y0, args, f), solver, prepared.t0, prepared.t1, prepared.dt0,
-        stepsize_controller, prepared.plan, max_steps, treedef,
+        (prepared.y0, args, f),
+        solver,
+        prepared.t0,
+        prepared.t1,
+        prepared.dt0,
+        stepsize_controller,
+        prepared.plan,
+        max_steps,
+        treedef,
     )
     ys = out.ys
     if throw:
         ys = _throw(
-            ys, out.result, max_steps, prepared.valid, out.mesh, prepared.t0,
+            ys,
+            out.result,
+            max_steps,
+            prepared.valid,
+            out.mesh,
+            prepared.t0,
             prepared.t1,
         )
     return Solution(
@@ -204,7 +254,9 @@ def diffeqsolve(
     args=None,
     *,
     saveat: diffrax.SaveAt = diffrax.SaveAt(t1=True),
-    stepsize_controller: diffrax.AbstractStepSizeController = diffrax.ConstantStepSize(),
+    stepsize_controller: diffrax.AbstractStepSizeController = (
+        diffrax.ConstantStepSize()
+    ),
     adjoint: diffrax.AbstractAdjoint = diffrax.RecursiveCheckpointAdjoint(),
     event=None,
     max_steps: int | None = 4096,
@@ -236,41 +288,84 @@ def diffeqsolve(
     path, else a `diffrax.Solution`.
     """
     reason = fallback_reason(
-        terms, solver, saveat, stepsize_controller, adjoint, event, max_steps,
-        progress_meter, solver_state, controller_state, made_jump,
+        terms,
+        solver,
+        saveat,
+        stepsize_controller,
+        adjoint,
+        event,
+        max_steps,
+        progress_meter,
+        solver_state,
+        controller_state,
+        made_jump,
     )
     if reason is not None:
         return diffrax.diffeqsolve(
-            terms, solver, t0, t1, dt0, y0, args, saveat=saveat,
-            stepsize_controller=stepsize_controller, adjoint=adjoint, event=event,
-            max_steps=max_steps, throw=throw, progress_meter=progress_meter,
-            solver_state=solver_state, controller_state=controller_state,
+            terms,
+            solver,
+            t0,
+            t1,
+            dt0,
+            y0,
+            args,
+            saveat=saveat,
+            stepsize_controller=stepsize_controller,
+            adjoint=adjoint,
+            event=event,
+            max_steps=max_steps,
+            throw=throw,
+            progress_meter=progress_meter,
+            solver_state=solver_state,
+            controller_state=controller_state,
             made_jump=made_jump,
         )
     check_concrete_inputs(t0, t1, dt0, y0, args, saveat)
     return _fast_diffeqsolve(
-        terms, solver, t0, t1, dt0, y0, args, saveat, stepsize_controller, max_steps,
+        terms,
+        solver,
+        t0,
+        t1,
+        dt0,
+        y0,
+        args,
+        saveat,
+        stepsize_controller,
+        max_steps,
         throw,
     )
 
 
 @eqx.filter_jit
-def _fast_record(terms, solver, t0, t1, dt0, y0, args, saveat, stepsize_controller,
-                 max_steps, throw):
+def _fast_record(
+    terms, solver, t0, t1, dt0, y0, args, saveat, stepsize_controller, max_steps, throw
+):
     prepared = prepare(terms, t0, t1, dt0, y0, args, saveat)
     y0 = jax.lax.stop_gradient(prepared.y0)
     args = jax.lax.stop_gradient(args)
     # The mesh does not depend on what is saved: record without saving anything.
     nothing = SavePlan(ts=None, t0=False, t1=False, steps=False)
     out = _record(
-        (y0, args, prepared.problem.f), solver, prepared.t0, prepared.t1,
-        prepared.dt0, stepsize_controller, nothing, max_steps,
-        prepared.problem.treedef, False,
+        (y0, args, prepared.problem.f),
+        solver,
+        prepared.t0,
+        prepared.t1,
+        prepared.dt0,
+        stepsize_controller,
+        nothing,
+        max_steps,
+        prepared.problem.treedef,
+        False,
     )
     mesh = out.mesh
     if throw:
         mesh = _throw(
-            mesh, out.result, max_steps, prepared.valid, mesh, prepared.t0,
+            mesh,
+            out.result,
+            max_steps,
+            prepared.valid,
+            mesh,
+            prepared.t0,
             prepared.t1,
         )
     return mesh
@@ -286,7 +381,9 @@ def record(
     args=None,
     *,
     saveat: diffrax.SaveAt = diffrax.SaveAt(t1=True),
-    stepsize_controller: diffrax.AbstractStepSizeController = diffrax.ConstantStepSize(),
+    stepsize_controller: diffrax.AbstractStepSizeController = (
+        diffrax.ConstantStepSize()
+    ),
     max_steps: int = 4096,
     throw: bool = True,
 ) -> RecordedMesh:
@@ -304,8 +401,17 @@ def record(
     with the corresponding Diffrax solver, to round-off.
     """
     reason = fallback_reason(
-        terms, solver, saveat, stepsize_controller, diffrax.RecursiveCheckpointAdjoint(),
-        None, max_steps, diffrax.NoProgressMeter(), None, None, None,
+        terms,
+        solver,
+        saveat,
+        stepsize_controller,
+        diffrax.RecursiveCheckpointAdjoint(),
+        None,
+        max_steps,
+        diffrax.NoProgressMeter(),
+        None,
+        None,
+        None,
     )
     if reason is not None:
         raise ValueError(
@@ -315,6 +421,15 @@ def record(
         )
     check_concrete_inputs(t0, t1, dt0, y0, args, saveat)
     return _fast_record(
-        terms, solver, t0, t1, dt0, y0, args, saveat, stepsize_controller, max_steps,
+        terms,
+        solver,
+        t0,
+        t1,
+        dt0,
+        y0,
+        args,
+        saveat,
+        stepsize_controller,
+        max_steps,
         throw,
     )

@@ -52,34 +52,47 @@ def main(num_trajectories: int = 1024):
     @jax.jit
     def record(y0s, params):
         return jax.vmap(
-            lambda y0, p: gs.record(term, gs.Tsit5(), 0.0, 1.0, None, y0, p,
-                                    stepsize_controller=controller)
+            lambda y0, p: gs.record(
+                term, gs.Tsit5(), 0.0, 1.0, None, y0, p, stepsize_controller=controller
+            )
         )(y0s, params)
 
     def replay_loss(params, mesh):
-        ys = jax.vmap(
-            lambda m, y0, p: gs.replay(m, term, gs.Tsit5(), y0, p).ys
-        )(mesh, y0s, params)
+        ys = jax.vmap(lambda m, y0, p: gs.replay(m, term, gs.Tsit5(), y0, p).ys)(
+            mesh, y0s, params
+        )
         return jnp.sum(ys**2)
 
     def diffrax_loss(params):
         ys = jax.vmap(
-            lambda y0, p: diffrax.diffeqsolve(
-                term, diffrax.Tsit5(), 0.0, 1.0, None, y0, p,
-                stepsize_controller=controller,
-            ).ys
+            lambda y0, p: (
+                diffrax.diffeqsolve(
+                    term,
+                    diffrax.Tsit5(),
+                    0.0,
+                    1.0,
+                    None,
+                    y0,
+                    p,
+                    stepsize_controller=controller,
+                ).ys
+            )
         )(y0s, params)
         return jnp.sum(ys**2)
 
     replay_grad = jax.jit(jax.grad(replay_loss))
     diffrax_grad = jax.jit(jax.grad(diffrax_loss))
 
-    print(f"Lorenz ensemble: {num_trajectories} trajectories, t in [0, 1], "
-          "rtol = atol = 1e-8, float64")
+    print(
+        f"Lorenz ensemble: {num_trajectories} trajectories, t in [0, 1], "
+        "rtol = atol = 1e-8, float64"
+    )
     mesh = record(y0s, params).trim()
     steps = np.asarray(mesh.num_steps)
-    print(f"recorded meshes: {steps.min()}-{steps.max()} accepted steps per "
-          f"trajectory (trimmed to {mesh.max_steps})")
+    print(
+        f"recorded meshes: {steps.min()}-{steps.max()} accepted steps per "
+        f"trajectory (trimmed to {mesh.max_steps})"
+    )
 
     t_record = best_time(lambda: record(y0s, params).ts)
     t_grad = best_time(replay_grad, params, mesh)
@@ -96,9 +109,13 @@ def main(num_trajectories: int = 1024):
     print(f"gradsolve record + gradient         : {1e3 * (t_record + t_grad):8.1f} ms")
     print(f"Diffrax gradient (default adjoint)  : {1e3 * t_diffrax:8.1f} ms")
     print(f"speed-up, existing mesh             : {t_diffrax / t_grad:8.1f}x")
-    print(f"speed-up, record + gradient         : {t_diffrax / (t_record + t_grad):8.1f}x")
+    print(
+        f"speed-up, record + gradient         : {t_diffrax / (t_record + t_grad):8.1f}x"
+    )
     print(f"max relative difference of gradients: {rel:.2e}")
-    print(f"largest replay error ratio (<= 1: mesh still valid): {float(stale.max()):.3f}")
+    print(
+        f"largest replay error ratio (<= 1: mesh still valid): {float(stale.max()):.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ closed forms, never from gradsolve itself."""
 import dataclasses
 from collections.abc import Callable
 
-import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
@@ -41,34 +40,54 @@ def _van_der_pol(t, y, mu):
 
 
 def _pendulum(t, y, p):
-    return {"theta": y["omega"], "omega": -p["g"] * jnp.sin(y["theta"]) - p["c"] * y["omega"]}
+    return {
+        "theta": y["omega"],
+        "omega": -p["g"] * jnp.sin(y["theta"]) - p["c"] * y["omega"],
+    }
 
 
 def _forced(t, y, p):
     omega, zeta, amplitude = p
     return jnp.stack(
-        [y[1], -(omega**2) * y[0] - 2 * zeta * omega * y[1] + amplitude * jnp.cos(2 * t)]
+        [
+            y[1],
+            -(omega**2) * y[0] - 2 * zeta * omega * y[1] + amplitude * jnp.cos(2 * t),
+        ]
     )
 
 
 LINEAR_A = jnp.array([[-0.5, 1.0, 0.0], [-1.0, -0.5, 0.2], [0.0, -0.3, -0.1]])
 
 PROBLEMS = {
-    "linear": Problem("linear", _linear, jnp.array([1.0, 0.5, -0.3]), LINEAR_A, 0.0, 5.0),
+    "linear": Problem(
+        "linear", _linear, jnp.array([1.0, 0.5, -0.3]), LINEAR_A, 0.0, 5.0
+    ),
     "lorenz": Problem(
-        "lorenz", _lorenz, jnp.array([1.0, 0.0, 0.0]), jnp.array([10.0, 28.0, 8 / 3]),
-        0.0, 1.0,
+        "lorenz",
+        _lorenz,
+        jnp.array([1.0, 0.0, 0.0]),
+        jnp.array([10.0, 28.0, 8 / 3]),
+        0.0,
+        1.0,
     ),
     "lotka_volterra": Problem(
-        "lotka_volterra", _lotka_volterra, jnp.array([1.0, 0.5]),
-        jnp.array([1.5, 1.0, 1.0, 3.0]), 0.0, 6.0,
+        "lotka_volterra",
+        _lotka_volterra,
+        jnp.array([1.0, 0.5]),
+        jnp.array([1.5, 1.0, 1.0, 3.0]),
+        0.0,
+        6.0,
     ),
     "van_der_pol": Problem(
         "van_der_pol", _van_der_pol, jnp.array([2.0, 0.0]), jnp.array(5.0), 0.0, 6.0
     ),
     "pendulum": Problem(
-        "pendulum", _pendulum, {"theta": jnp.array(1.0), "omega": jnp.array(0.0)},
-        {"g": jnp.array(9.81), "c": jnp.array(0.1)}, 0.0, 4.0,
+        "pendulum",
+        _pendulum,
+        {"theta": jnp.array(1.0), "omega": jnp.array(0.0)},
+        {"g": jnp.array(9.81), "c": jnp.array(0.1)},
+        0.0,
+        4.0,
     ),
     "forced": Problem(
         "forced", _forced, jnp.array([1.0, 0.0]), jnp.array([1.3, 0.05, 0.7]), 0.0, 8.0
@@ -92,13 +111,3 @@ def max_relative_error(a, b) -> float:
 
 def tree_sum_squares(tree):
     return sum(jnp.sum(x**2) for x in jtu.tree_leaves(tree))
-
-
-def reverse(problem: Problem) -> Problem:
-    """The same problem integrated backwards, from the forward solution's end.
-    (Only the time span matters for the step comparison tests.)"""
-    return dataclasses.replace(problem, t0=problem.t1, t1=problem.t0)
-
-
-def jit_solve(solve):
-    return jax.jit(solve)

@@ -1,12 +1,13 @@
 """Order of accuracy and float32, against closed forms."""
 
 import diffrax
-import gradsolve as gs
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import numpy as np
 import pytest
+
+import gradsolve as gs
 
 from .helpers import LINEAR_A, PROBLEMS
 
@@ -34,9 +35,17 @@ def test_float32_matches_float64(solver):
     ctrl = diffrax.PIDController(rtol=1e-5, atol=1e-5)
 
     def solve(y0, args, t1):
-        return gs.diffeqsolve(term, solver, 0.0, t1, None, y0, args,
-                              saveat=diffrax.SaveAt(ts=ts.astype(y0.dtype)),
-                              stepsize_controller=ctrl)
+        return gs.diffeqsolve(
+            term,
+            solver,
+            0.0,
+            t1,
+            None,
+            y0,
+            args,
+            saveat=diffrax.SaveAt(ts=ts.astype(y0.dtype)),
+            stepsize_controller=ctrl,
+        )
 
     f32 = jnp.float32
     sol32 = solve(problem.y0.astype(f32), problem.args.astype(f32), f32(6.0))

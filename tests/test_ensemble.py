@@ -1,10 +1,11 @@
 """Ensembles under vmap: each trajectory gets its own steps and its own gradient."""
 
 import diffrax
-import gradsolve as gs
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+import gradsolve as gs
 
 from .helpers import PROBLEMS
 
@@ -22,8 +23,9 @@ def test_vmapped_ensemble_matches_single_solves():
     y0s = jnp.broadcast_to(problem.y0, (n, 2))
 
     def solve(y0, p):
-        return gs.diffeqsolve(term, gs.Tsit5(), 0.0, 6.0, None, y0, p,
-                              stepsize_controller=CTRL)
+        return gs.diffeqsolve(
+            term, gs.Tsit5(), 0.0, 6.0, None, y0, p, stepsize_controller=CTRL
+        )
 
     def loss(p, y0):
         return jnp.sum(solve(y0, p).ys ** 2)
@@ -43,10 +45,12 @@ def test_vmapped_ensemble_matches_single_solves():
         np.testing.assert_allclose(sols.mesh.ts[i, :k], one.mesh.ts[:k], rtol=1e-9)
         np.testing.assert_allclose(sols.ys[i], one.ys, rtol=1e-10)
         np.testing.assert_allclose(grads[i], single_grad(args[i], y0s[i]), rtol=1e-9)
+
     # Diffrax's gradient of the same ensemble, for a sample of trajectories.
     def diffrax_loss(p, y0):
-        sol = diffrax.diffeqsolve(term, diffrax.Tsit5(), 0.0, 6.0, None, y0, p,
-                                  stepsize_controller=CTRL)
+        sol = diffrax.diffeqsolve(
+            term, diffrax.Tsit5(), 0.0, 6.0, None, y0, p, stepsize_controller=CTRL
+        )
         return jnp.sum(sol.ys**2)
 
     sample = slice(0, n, 50)
@@ -59,8 +63,9 @@ def test_batched_replay_checks_sizes():
     term = diffrax.ODETerm(problem.f)
     y0s = jnp.broadcast_to(problem.y0, (4, 2))
     meshes = jax.vmap(
-        lambda y0: gs.record(term, gs.Tsit5(), 0.0, 6.0, None, y0, problem.args,
-                             stepsize_controller=CTRL)
+        lambda y0: gs.record(
+            term, gs.Tsit5(), 0.0, 6.0, None, y0, problem.args, stepsize_controller=CTRL
+        )
     )(y0s)
     sol = gs.replay(meshes, term, gs.Tsit5(), y0s, problem.args)
     assert sol.ys.shape == (4, 1, 2)

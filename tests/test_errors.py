@@ -2,10 +2,11 @@
 
 import diffrax
 import equinox as eqx
-import gradsolve as gs
 import jax
 import jax.numpy as jnp
 import pytest
+
+import gradsolve as gs
 
 from .helpers import PROBLEMS
 
@@ -19,8 +20,14 @@ RUNTIME = (eqx.EquinoxRuntimeError, jax.errors.JaxRuntimeError)
 
 def solve(**overrides):
     kwargs = dict(
-        terms=TERM, solver=gs.Tsit5(), t0=0.0, t1=6.0, dt0=None, y0=LV.y0,
-        args=LV.args, stepsize_controller=CTRL,
+        terms=TERM,
+        solver=gs.Tsit5(),
+        t0=0.0,
+        t1=6.0,
+        dt0=None,
+        y0=LV.y0,
+        args=LV.args,
+        stepsize_controller=CTRL,
     )
     kwargs.update(overrides)
     return gs.diffeqsolve(**kwargs)
@@ -48,16 +55,33 @@ def test_dt0_with_the_wrong_sign():
 
 
 def test_max_steps_reached():
-    _raises(r"max_steps=5 was reached [0-9]+% of the way from t0 to t1.*Raise max_steps"
-            r".*loosen rtol/atol.*stiff", max_steps=5)
-    _raises("max_steps=200 was reached (49|50)% of the way", t1=4.0, dt0=0.01,
-            max_steps=200, stepsize_controller=diffrax.ConstantStepSize())
+    _raises(
+        r"max_steps=5 was reached [0-9]+% of the way from t0 to t1.*Raise max_steps"
+        r".*loosen rtol/atol.*stiff",
+        max_steps=5,
+    )
+    _raises(
+        "max_steps=200 was reached (49|50)% of the way",
+        t1=4.0,
+        dt0=0.01,
+        max_steps=200,
+        stepsize_controller=diffrax.ConstantStepSize(),
+    )
     sol = solve(max_steps=5, throw=False)
     assert sol.result == diffrax.RESULTS.max_steps_reached
     with pytest.raises(eqx.EquinoxRuntimeError, match="max_steps=5"):
         jax.block_until_ready(
-            gs.record(TERM, gs.Tsit5(), 0.0, 6.0, None, LV.y0, LV.args,
-                      stepsize_controller=CTRL, max_steps=5)
+            gs.record(
+                TERM,
+                gs.Tsit5(),
+                0.0,
+                6.0,
+                None,
+                LV.y0,
+                LV.args,
+                stepsize_controller=CTRL,
+                max_steps=5,
+            )
         )
 
 
@@ -79,8 +103,9 @@ def test_saveat_ts_unsorted_or_outside():
 
 
 def test_replay_with_another_solver_or_batch():
-    mesh = gs.record(TERM, gs.Tsit5(), 0.0, 6.0, None, LV.y0, LV.args,
-                     stepsize_controller=CTRL)
+    mesh = gs.record(
+        TERM, gs.Tsit5(), 0.0, 6.0, None, LV.y0, LV.args, stepsize_controller=CTRL
+    )
     with pytest.raises(ValueError, match="recorded with Tsit5.*allow_other_solver"):
         gs.replay(mesh, TERM, gs.Dopri5(), LV.y0, LV.args)
     sol = gs.replay(mesh, TERM, gs.Dopri5(), LV.y0, LV.args, allow_other_solver=True)
@@ -97,5 +122,13 @@ def test_time_derivatives_are_refused():
 
 def test_record_refuses_what_it_cannot_record():
     with pytest.raises(ValueError, match="cannot record.*Kvaerno5"):
-        gs.record(TERM, diffrax.Kvaerno5(), 0.0, 6.0, None, LV.y0, LV.args,
-                  stepsize_controller=CTRL)
+        gs.record(
+            TERM,
+            diffrax.Kvaerno5(),
+            0.0,
+            6.0,
+            None,
+            LV.y0,
+            LV.args,
+            stepsize_controller=CTRL,
+        )

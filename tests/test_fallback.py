@@ -1,10 +1,11 @@
 """Anything outside the fast path is passed to diffrax.diffeqsolve unchanged."""
 
 import diffrax
-import gradsolve as gs
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+import gradsolve as gs
 
 from .helpers import PROBLEMS
 
@@ -26,7 +27,14 @@ def _both(solver, **kwargs):
         (diffrax.Tsit5(), {}),
         (diffrax.Kvaerno5(), {}),
         (gs.Tsit5(), {"saveat": diffrax.SaveAt(dense=True)}),
-        (gs.Tsit5(), {"saveat": diffrax.SaveAt(ts=jnp.linspace(0, 6, 5), fn=lambda t, y, a: y[0])}),
+        (
+            gs.Tsit5(),
+            {
+                "saveat": diffrax.SaveAt(
+                    ts=jnp.linspace(0, 6, 5), fn=lambda t, y, a: y[0]
+                )
+            },
+        ),
         (gs.Tsit5(), {"adjoint": diffrax.DirectAdjoint()}),
         (gs.Tsit5(), {"event": diffrax.Event(lambda t, y, args, **kw: y[0] - 0.5)}),
     ],
@@ -41,8 +49,13 @@ def test_fallback_equals_diffrax(solver, kwargs):
 
 def test_gradsolve_solvers_are_diffrax_solvers():
     ts = jnp.linspace(0, 6, 9)
-    for ours, theirs in [(gs.Tsit5(), diffrax.Tsit5()), (gs.Dopri5(), diffrax.Dopri5())]:
-        kwargs = dict(saveat=diffrax.SaveAt(ts=ts, dense=True), stepsize_controller=CTRL)
+    for ours, theirs in [
+        (gs.Tsit5(), diffrax.Tsit5()),
+        (gs.Dopri5(), diffrax.Dopri5()),
+    ]:
+        kwargs = dict(
+            saveat=diffrax.SaveAt(ts=ts, dense=True), stepsize_controller=CTRL
+        )
         a = diffrax.diffeqsolve(TERM, ours, 0.0, 6.0, None, LV.y0, LV.args, **kwargs)
         b = diffrax.diffeqsolve(TERM, theirs, 0.0, 6.0, None, LV.y0, LV.args, **kwargs)
         np.testing.assert_allclose(a.ys, b.ys, rtol=1e-10)

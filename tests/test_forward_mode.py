@@ -2,11 +2,12 @@
 reverse mode and with central finite differences."""
 
 import diffrax
-import gradsolve as gs
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+import gradsolve as gs
 
 from .helpers import PROBLEMS
 
@@ -24,7 +25,9 @@ def test_forward_mode_through_replay(solver):
     )
 
     def solution(params):
-        sol = gs.replay(mesh, term, solver, problem.y0, params, saveat=diffrax.SaveAt(ts=ts))
+        sol = gs.replay(
+            mesh, term, solver, problem.y0, params, saveat=diffrax.SaveAt(ts=ts)
+        )
         return sol.ys.ravel()
 
     def loss(params):
@@ -42,7 +45,9 @@ def test_forward_mode_through_replay(solver):
     columns = [
         (solution(p + eps * e) - solution(p - eps * e)) / (2 * eps) for e in jnp.eye(4)
     ]
-    np.testing.assert_allclose(forward, jnp.stack(columns, axis=1), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+        forward, jnp.stack(columns, axis=1), rtol=1e-6, atol=1e-7
+    )
     hessian = jax.hessian(loss)(p)
     np.testing.assert_allclose(hessian, hessian.T, rtol=1e-9, atol=1e-11)
     grad = jax.grad(loss)

@@ -2,21 +2,26 @@
 forward mode works through the replay."""
 
 import diffrax
-import gradsolve as gs
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from .helpers import max_relative_error, PROBLEMS, tree_sum_squares
+import gradsolve as gs
+
+from .helpers import PROBLEMS, max_relative_error, tree_sum_squares
 
 
 CTRL = diffrax.PIDController(rtol=1e-8, atol=1e-8)
 SOLVERS = [(gs.Tsit5, diffrax.Tsit5), (gs.Dopri5, diffrax.Dopri5)]
 NAMES = ["lorenz", "pendulum", "forced"]
 CASES = [
-    ("tsit5", "t1"), ("tsit5", "ts"), ("tsit5", "t0_ts_t1"), ("tsit5", "steps"),
-    ("dopri5", "t1"), ("dopri5", "ts"),
+    ("tsit5", "t1"),
+    ("tsit5", "ts"),
+    ("tsit5", "t0_ts_t1"),
+    ("tsit5", "steps"),
+    ("dopri5", "t1"),
+    ("dopri5", "ts"),
 ]
 
 
@@ -35,7 +40,9 @@ def _losses(problem, ours, theirs, saveat):
     kwargs = dict(saveat=saveat, stepsize_controller=CTRL)
 
     def finite_loss(ys):
-        return tree_sum_squares(jax.tree.map(lambda y: jnp.where(jnp.isinf(y), 0, y), ys))
+        return tree_sum_squares(
+            jax.tree.map(lambda y: jnp.where(jnp.isinf(y), 0, y), ys)
+        )
 
     def diffrax_loss(y0, args):
         sol = diffrax.diffeqsolve(
@@ -44,11 +51,19 @@ def _losses(problem, ours, theirs, saveat):
         return finite_loss(sol.ys)
 
     def gs_loss(y0, args):
-        sol = gs.diffeqsolve(term, ours, problem.t0, problem.t1, None, y0, args, **kwargs)
+        sol = gs.diffeqsolve(
+            term, ours, problem.t0, problem.t1, None, y0, args, **kwargs
+        )
         return finite_loss(sol.ys)
 
     mesh = gs.record(
-        term, ours, problem.t0, problem.t1, None, problem.y0, problem.args,
+        term,
+        ours,
+        problem.t0,
+        problem.t1,
+        None,
+        problem.y0,
+        problem.args,
         stepsize_controller=CTRL,
     )
 
@@ -70,12 +85,26 @@ def test_values_and_gradients_match_diffrax(name, solver_name, saveat_name):
     ours, theirs = solvers[0](), solvers[1]()
     term = diffrax.ODETerm(problem.f)
     expected = diffrax.diffeqsolve(
-        term, theirs, problem.t0, problem.t1, None, problem.y0, problem.args,
-        saveat=saveat, stepsize_controller=CTRL,
+        term,
+        theirs,
+        problem.t0,
+        problem.t1,
+        None,
+        problem.y0,
+        problem.args,
+        saveat=saveat,
+        stepsize_controller=CTRL,
     )
     sol = gs.diffeqsolve(
-        term, ours, problem.t0, problem.t1, None, problem.y0, problem.args,
-        saveat=saveat, stepsize_controller=CTRL,
+        term,
+        ours,
+        problem.t0,
+        problem.t1,
+        None,
+        problem.y0,
+        problem.args,
+        saveat=saveat,
+        stepsize_controller=CTRL,
     )
     assert max_relative_error(sol.ys, expected.ys) <= tol
     np.testing.assert_allclose(sol.ts, expected.ts, rtol=1e-8)
@@ -97,7 +126,14 @@ def test_replay_reproduces_record(solvers):
     term = diffrax.ODETerm(problem.f)
     saveat = diffrax.SaveAt(ts=jnp.linspace(0, 6, 25), steps=True)
     sol = gs.diffeqsolve(
-        term, ours, 0.0, 6.0, None, problem.y0, problem.args, saveat=saveat,
+        term,
+        ours,
+        0.0,
+        6.0,
+        None,
+        problem.y0,
+        problem.args,
+        saveat=saveat,
         stepsize_controller=CTRL,
     )
     replayed = gs.replay(sol.mesh, term, ours, problem.y0, problem.args, saveat=saveat)
@@ -111,7 +147,13 @@ def test_stale_mesh_is_reported():
     problem = PROBLEMS["lotka_volterra"]
     term = diffrax.ODETerm(problem.f)
     mesh = gs.record(
-        term, gs.Tsit5(), 0.0, 6.0, None, problem.y0, problem.args,
+        term,
+        gs.Tsit5(),
+        0.0,
+        6.0,
+        None,
+        problem.y0,
+        problem.args,
         stepsize_controller=CTRL,
     )
     near = gs.replay(mesh, term, gs.Tsit5(), problem.y0, problem.args * 1.0001)
@@ -126,8 +168,9 @@ def test_trim_keeps_the_replay():
     rhos = jnp.linspace(5.0, 28.0, 6)
     args = jnp.stack([jnp.full(6, 10.0), rhos, jnp.full(6, 8 / 3)], axis=1)
     record = jax.vmap(
-        lambda p: gs.record(term, gs.Tsit5(), 0.0, 1.0, None, problem.y0, p,
-                            stepsize_controller=CTRL)
+        lambda p: gs.record(
+            term, gs.Tsit5(), 0.0, 1.0, None, problem.y0, p, stepsize_controller=CTRL
+        )
     )
     meshes = record(args)
     trimmed = meshes.trim()
@@ -156,9 +199,19 @@ def test_gradients_with_clipped_and_constant_steps(controller):
 
     def loss(solve, solver):
         def fn(y0, args):
-            sol = solve(term, solver, 0.0, 8.0, dt0, y0, args, saveat=saveat,
-                        stepsize_controller=controller)
+            sol = solve(
+                term,
+                solver,
+                0.0,
+                8.0,
+                dt0,
+                y0,
+                args,
+                saveat=saveat,
+                stepsize_controller=controller,
+            )
             return jnp.sum(sol.ys**2)
+
         return fn
 
     want = jax.grad(loss(diffrax.diffeqsolve, diffrax.Tsit5()), argnums=(0, 1))(
@@ -179,11 +232,14 @@ def test_empty_interval():
         def fn(y0):
             sol = solve(term, solver, 1.0, 1.0, 0.1, y0, problem.args, saveat=saveat)
             return jnp.sum(sol.ys**2), sol.ys
+
         return fn
 
-    (value, ys), grad = jax.value_and_grad(loss(gs.diffeqsolve, gs.Tsit5()),
-                                           has_aux=True)(problem.y0)
+    (value, ys), grad = jax.value_and_grad(
+        loss(gs.diffeqsolve, gs.Tsit5()), has_aux=True
+    )(problem.y0)
     (want_value, want_ys), want_grad = jax.value_and_grad(
-        loss(diffrax.diffeqsolve, diffrax.Tsit5()), has_aux=True)(problem.y0)
+        loss(diffrax.diffeqsolve, diffrax.Tsit5()), has_aux=True
+    )(problem.y0)
     np.testing.assert_allclose(ys, want_ys)
     np.testing.assert_allclose(grad, want_grad)

@@ -1,11 +1,12 @@
 """Invariant 1: the recorded accepted steps are Diffrax's, to round-off (float64)."""
 
 import diffrax
-import gradsolve as gs
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+import gradsolve as gs
 
 from .helpers import PROBLEMS
 
@@ -20,12 +21,20 @@ def _controllers(t0, t1):
         "default": diffrax.PIDController(rtol=1e-6, atol=1e-6),
         "pi": diffrax.PIDController(rtol=1e-7, atol=1e-9, pcoeff=0.4, icoeff=0.3),
         "pid_limits": diffrax.PIDController(
-            rtol=1e-5, atol=1e-7, pcoeff=0.2, icoeff=0.4, dcoeff=0.1, factormin=0.3,
-            factormax=5.0, safety=0.8,
+            rtol=1e-5,
+            atol=1e-7,
+            pcoeff=0.2,
+            icoeff=0.4,
+            dcoeff=0.1,
+            factormin=0.3,
+            factormax=5.0,
+            safety=0.8,
         ),
         "dtmax": diffrax.PIDController(rtol=1e-6, atol=1e-6, dtmax=span / 37),
         "jump_ts": diffrax.PIDController(
-            rtol=1e-6, atol=1e-6, jump_ts=jnp.array([lo + 0.31 * span, lo + 0.62 * span])
+            rtol=1e-6,
+            atol=1e-6,
+            jump_ts=jnp.array([lo + 0.31 * span, lo + 0.62 * span]),
         ),
         "step_ts": diffrax.PIDController(
             rtol=1e-6, atol=1e-6, step_ts=jnp.array([lo + 0.25 * span, lo + 0.5 * span])
@@ -37,8 +46,15 @@ def _controllers(t0, t1):
 def _diffrax_steps(problem, solver, t0, t1, dt0, controller):
     sol = jax.jit(
         lambda y0, args: diffrax.diffeqsolve(
-            diffrax.ODETerm(problem.f), solver, t0, t1, dt0, y0, args,
-            saveat=diffrax.SaveAt(steps=True), stepsize_controller=controller,
+            diffrax.ODETerm(problem.f),
+            solver,
+            t0,
+            t1,
+            dt0,
+            y0,
+            args,
+            saveat=diffrax.SaveAt(steps=True),
+            stepsize_controller=controller,
             max_steps=4096,
         )
     )(problem.y0, problem.args)
@@ -57,7 +73,13 @@ def _check(problem_name, solvers, controller_name, direction, dt0_given):
     ours, theirs = solvers
     expected, n = _diffrax_steps(problem, theirs(), t0, t1, dt0, controller)
     mesh = gs.record(
-        diffrax.ODETerm(problem.f), ours(), t0, t1, dt0, problem.y0, problem.args,
+        diffrax.ODETerm(problem.f),
+        ours(),
+        t0,
+        t1,
+        dt0,
+        problem.y0,
+        problem.args,
         stepsize_controller=controller,
     )
     assert int(mesh.num_steps) == n
@@ -105,12 +127,26 @@ def test_constant_step_size_and_step_to(solvers):
         (diffrax.StepTo(ts=jnp.array([0.0, 0.5, 1.7, 2.0, 4.5, 6.0])), None),
     ]:
         sol = diffrax.diffeqsolve(
-            term, theirs(), 0.0, 6.0, dt0, problem.y0, problem.args,
-            saveat=diffrax.SaveAt(steps=True), stepsize_controller=controller,
+            term,
+            theirs(),
+            0.0,
+            6.0,
+            dt0,
+            problem.y0,
+            problem.args,
+            saveat=diffrax.SaveAt(steps=True),
+            stepsize_controller=controller,
         )
         mine = gs.diffeqsolve(
-            term, ours(), 0.0, 6.0, dt0, problem.y0, problem.args,
-            saveat=diffrax.SaveAt(steps=True), stepsize_controller=controller,
+            term,
+            ours(),
+            0.0,
+            6.0,
+            dt0,
+            problem.y0,
+            problem.args,
+            saveat=diffrax.SaveAt(steps=True),
+            stepsize_controller=controller,
         )
         n = int(sol.stats["num_accepted_steps"])
         assert int(mine.mesh.num_steps) == n

@@ -8,7 +8,7 @@ from typing import ClassVar
 import diffrax
 import numpy as np
 
-from .._custom_types import Leaves, LeafField
+from .._custom_types import LeafField, Leaves
 
 
 @dataclasses.dataclass(frozen=True)

@@ -68,8 +68,8 @@ class AbstractWeightedInterpolation(diffrax.AbstractLocalInterpolation):
     ) -> Y:
         del left
         if t1 is not None:
-            return (
-                jtu.tree_map(lambda a, b: b - a, self.evaluate(t0), self.evaluate(t1))
+            return jtu.tree_map(
+                lambda a, b: b - a, self.evaluate(t0), self.evaluate(t1)
             )
         theta = normalised_time(self.t0, t0, self.t1)
         y0, treedef = jtu.tree_flatten(self.y0)
