@@ -132,3 +132,21 @@ def test_record_refuses_what_it_cannot_record():
             LV.args,
             stepsize_controller=CTRL,
         )
+
+
+def test_dtmin_reached_without_force():
+    ctrl = diffrax.PIDController(rtol=1e-10, atol=1e-10, dtmin=0.05, force_dtmin=False)
+    _raises("step size fell below dtmin", stepsize_controller=ctrl)
+    sol = solve(stepsize_controller=ctrl, throw=False)
+    want = diffrax.diffeqsolve(
+        TERM,
+        diffrax.Tsit5(),
+        0.0,
+        6.0,
+        None,
+        LV.y0,
+        LV.args,
+        stepsize_controller=ctrl,
+        throw=False,
+    )
+    assert sol.result == diffrax.RESULTS.dt_min_reached == want.result
