@@ -5,9 +5,11 @@ import equinox as eqx
 import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
+import optimistix as optx
 from diffrax._term import WrapTerm
 from jaxtyping import Array
 
+from ._components import as_components
 from ._mesh import RecordedMesh, pad_after
 from ._problem import LeafProblem
 from ._saving import SaveLayout, SavePlan, assemble, save_layout
@@ -104,14 +106,24 @@ def record_loop(
     num_ts = 0 if plan.ts is None else len(plan.ts)
 
     def step_fn(tprev, tnext, y, f0):
-        return explicit_rk_step(coeffs, problem.vf, tprev, tnext, direction, y, f0)
+        return explicit_rk_step(coeffs, vf, tprev, tnext, direction, y, f0)
 
-    f_init = problem.vf(t0, y0)
+    # A small state is stepped as scalar components (see `_components.py`).
+    vf, to_comps, to_leaves = as_components(problem, y0)
+    y = to_comps(y0)
+    f_init = vf(t0, y)
+    norm = getattr(controller, "norm", None)
+    if norm in (optx.rms_norm, optx.max_norm):
+        # These norms see only the elements, not the structure: hand them the
+        # components as they are.
+        as_tree = tuple
+    else:
+        as_tree = lambda comps: problem.tree(to_leaves(comps))
     zeros_like = lambda leaves, n: [jnp.zeros((n,) + x.shape, x.dtype) for x in leaves]
     carry = dict(
         tprev=ti0,
         tnext=tnext,
-        y=y0,
+        y=y,
         f_fsal=f_init,
         made_jump=jnp.array(False),
         controller_state=controller_state,
@@ -122,7 +134,7 @@ def record_loop(
         # Filled with t1: after a successful solve the padding is already in place.
         mesh_ts=jnp.full((max_steps + 1,), ti1, dtype=time_dtype).at[0].set(ti0),
         ts_index=jnp.array(0),
-        ts_values=zeros_like(y0, num_ts),
+        ts_values=zeros_like(y, num_ts),
     )
     if has_jumps:
         carry["starts"] = jnp.full((max_steps,), ti0, dtype=time_dtype)
@@ -132,7 +144,7 @@ def record_loop(
     every = 1 if plan.steps else CHECKPOINT_EVERY
     if keep_states or plan.steps:
         carry["states"] = [
-            jnp.broadcast_to(x, (max_steps // every + 1,) + x.shape) for x in y0
+            jnp.broadcast_to(x, (max_steps // every + 1,) + x.shape) for x in y
         ]
 
     def cond_fn(c):
@@ -144,17 +156,17 @@ def record_loop(
         tprev, tnext, y = c["tprev"], c["tnext"], c["y"]
         f0 = c["f_fsal"]
         if has_jumps:
-            f0 = _where(c["made_jump"], problem.vf(direction * tprev, y), f0)
+            f0 = _where(c["made_jump"], vf(direction * tprev, y), f0)
         y1, y_error, ks, f1 = step_fn(tprev, tnext, y, f0)
         y_error = [jnp.where(jnp.isnan(e), jnp.inf, e) for e in y_error]
         (keep, next_tprev, next_tnext, made_jump, controller_state, ctrl_result) = (
             controller.adapt_step_size(
                 tprev,
                 tnext,
-                problem.tree(y),
-                problem.tree(y1),
+                as_tree(y),
+                as_tree(y1),
                 problem.args,
-                problem.tree(y_error),
+                as_tree(y_error),
                 error_order,
                 c["controller_state"],
             )
@@ -237,11 +249,14 @@ def record_loop(
         # t0 == t1 takes no step: every requested save is the initial state.
         ts_values = [
             jnp.where(ti0 == ti1, jnp.broadcast_to(a, v.shape), v)
-            for a, v in zip(y0, c["ts_values"])
+            for a, v in zip(y, c["ts_values"])
         ]
+        ts_values = to_leaves(ts_values, 1)
     else:
         ts_values = None
     states = c.get("states")
+    if states is not None:
+        states = to_leaves(states, 1)
     step_values = None if states is None else [s[1:] for s in states]
     layout = save_layout(plan, step_ends, max_steps)
     ts_out, ys_out = assemble(
@@ -254,7 +269,7 @@ def record_loop(
         y0,
         ts_values,
         step_values,
-        c["y"],
+        to_leaves(c["y"]),
     )
     if has_jumps:
         used = jnp.arange(max_steps) < num_accepted
