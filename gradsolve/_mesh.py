@@ -2,6 +2,7 @@
 
 from collections.abc import Callable
 
+import diffrax
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
@@ -53,7 +54,7 @@ class RecordedMesh(eqx.Module):
     restarts: Bool[Array, " steps"] | None
     rtol: Real[Array, ""] | None
     atol: Real[Array, ""] | None
-    result: Int[Array, ""] | object
+    result: diffrax.RESULTS
     norm: Callable | None = eqx.field(static=True)
     solver_type: type = eqx.field(static=True)
 
