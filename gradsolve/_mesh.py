@@ -12,15 +12,18 @@ from ._custom_types import Times
 
 
 def bucket_length(num_steps: int, max_steps: int) -> int:
-    """The number of steps a trimmed mesh keeps: the next power of two, at least 8.
+    """The number of steps a trimmed mesh keeps: `num_steps` rounded up to one of
+    four buckets per power of two (..., 64, 80, 96, 112, 128, 160, ...), at least 8.
 
-    Bucketing means that a mesh whose longest trajectory grows from 100 to 120 steps
-    keeps the same shape, so replays compiled for it are reused.
+    Bucketing means that a mesh whose longest trajectory grows from 100 to 110 steps
+    keeps the same shape, so replays compiled for it are reused; four buckets per
+    octave keep the padding (replayed as zero-length steps) under a quarter.
     """
-    length = 8
-    while length < num_steps:
-        length *= 2
-    return min(length, max_steps)
+    if num_steps <= 8:
+        return min(8, max_steps)
+    octave = 1 << (num_steps.bit_length() - 1)
+    step = max(octave // 4, 8)
+    return min(-(-num_steps // step) * step, max_steps)
 
 
 class RecordedMesh(eqx.Module):
@@ -85,8 +88,8 @@ class RecordedMesh(eqx.Module):
 
         **Returns:**
 
-        A `RecordedMesh` with `max_steps` the next power of two (at least 8) at or
-        above the largest `num_steps`.
+        A `RecordedMesh` whose `max_steps` is the largest `num_steps` rounded up to
+        a bucket (see `bucket_length`).
         """
         try:
             longest = int(np.max(np.asarray(self.num_steps)))
