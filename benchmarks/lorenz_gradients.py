@@ -103,7 +103,7 @@ def main(n: int):
         g = grads[name](params, *extra[name])
         diff = float(jnp.max(jnp.abs(g - reference)) / jnp.max(jnp.abs(reference)))
         print(
-            f"{name:15s} forward {fwd:8.1f} ms   gradient {grad:8.1f} ms   "
+            f"{name:15s} forward {fwd:8.2f} ms   gradient {grad:8.2f} ms   "
             f"gradient vs Diffrax {diff:.1e}"
         )
 
