@@ -12,7 +12,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._components import ComponentProblem, Layout, use_components
+from ._components import Representation
 from ._mesh import RecordedMesh
 from ._problem import LeafProblem
 from ._replay import mesh_steps
@@ -50,7 +50,8 @@ def adjoint_loop(
 
     - `mesh`: the recorded mesh of this trajectory.
     - `states`: the state after every `every`-th accepted step (`states[0] = y0`),
-        as leaves with a leading axis.
+        as the steps hold it (see `_components.Representation`), with a leading
+        axis.
     - `every`: the spacing of the checkpoints in `states`.
     - `layout`, `plan`: where each saved value came from (see `_saving.py`).
     - `ys_bar`: the cotangents of the saved values (leaves, leading save axis).
@@ -64,26 +65,17 @@ def adjoint_loop(
     weights_fn = solver.interpolation_cls.weights
     direction, starts, ends = mesh_steps(mesh)
     num_steps = mesh.num_steps
-    leaf_zeros = [jnp.zeros(x.shape[1:], x.dtype) for x in states]
-
-    # A small state is stepped as scalar components (see `_components.py`): the loop
-    # carries and the step's vjp then act on components; convert at the boundaries.
-    components = use_components(leaf_zeros)
-    if components:
-        comp_layout = Layout.of(leaf_zeros)
-        split, merge = comp_layout.split, comp_layout.merge
-    else:
-        split = merge = lambda x, batch_dims=0: list(x)
-    zeros = split(leaf_zeros)
+    # The steps hold the state as `_record.py` did (components for a small state):
+    # the loop carries and the step's vjp act on that; convert at the boundaries.
+    representation = Representation(diff[0])
+    split, merge = representation.split, representation.merge
+    zeros = split([jnp.zeros_like(x) for x in diff[0]])
 
     diff_dynamic, diff_static = eqx.partition(diff, is_float_array)
 
     def step(y, dynamic, s, e):
         _, args, f = eqx.combine(dynamic, diff_static)
-        problem = LeafProblem(f=f, args=args, treedef=treedef)
-        vf = problem.vf
-        if components:
-            vf = ComponentProblem(f, args, treedef, comp_layout).vf
+        vf = representation.field(LeafProblem(f=f, args=args, treedef=treedef))
         y1, _, ks, _ = explicit_rk_step(coeffs, vf, s, e, direction, y, None)
         return y1, ks
 
@@ -152,7 +144,7 @@ def adjoint_loop(
         checkpoint, then walk back over them."""
         segment, y_bar, diff_bar = carry
         n0 = segment * every
-        start = split([x[segment] for x in states])
+        start = [x[segment] for x in states]
         if every == 1:
             local = [x[None] for x in start]
         else:

@@ -348,19 +348,32 @@ class ComponentProblem:
         )
 
 
-def as_components(problem, leaves):
-    """`(vf, to_comps, to_leaves)` for stepping a state given as `leaves`.
+class Representation:
+    """How the solvers hold a state given as a list of `leaves`: as scalar components
+    when it is small (see `use_components`), else as the leaves themselves.
 
-    With a small state the solver works on components (`to_comps(leaves, batch_dims)`
-    and `to_leaves(comps, batch_dims)` convert); otherwise on the leaves themselves.
-    Call it outside any loop over steps: it splits `problem.args` once.
+    `split(leaves, batch_dims)` and `merge(comps, batch_dims)` convert (with
+    `batch_dims` leading axes); `field(problem)` is the vector field on the
+    representation. Build the field outside any loop over steps: it splits the
+    problem's `args` once.
     """
-    if not use_components(leaves):
-        return (
-            problem.vf,
-            (lambda x, batch_dims=0: list(x)),
-            (lambda x, batch_dims=0: list(x)),
-        )
-    layout = Layout.of(leaves)
-    cp = ComponentProblem(problem.f, problem.args, problem.treedef, layout)
-    return cp.vf, layout.split, layout.merge
+
+    def __init__(self, leaves):
+        self.layout = Layout.of(leaves) if use_components(leaves) else None
+
+    def split(self, leaves, batch_dims: int = 0) -> list:
+        if self.layout is None:
+            return list(leaves)
+        return self.layout.split(leaves, batch_dims)
+
+    def merge(self, comps, batch_dims: int = 0) -> list:
+        if self.layout is None:
+            return list(comps)
+        return self.layout.merge(comps, batch_dims)
+
+    def field(self, problem):
+        """`problem.vf` (a `LeafProblem`'s field) on this representation."""
+        if self.layout is None:
+            return problem.vf
+        cp = ComponentProblem(problem.f, problem.args, problem.treedef, self.layout)
+        return cp.vf

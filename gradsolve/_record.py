@@ -9,7 +9,7 @@ import optimistix as optx
 from diffrax._term import WrapTerm
 from jaxtyping import Array
 
-from ._components import as_components
+from ._components import Representation
 from ._mesh import RecordedMesh, pad_after
 from ._problem import LeafProblem
 from ._saving import SaveLayout, SavePlan, assemble, save_layout
@@ -109,8 +109,10 @@ def record_loop(
         return explicit_rk_step(coeffs, vf, tprev, tnext, direction, y, f0)
 
     # A small state is stepped as scalar components (see `_components.py`).
-    vf, to_comps, to_leaves = as_components(problem, y0)
-    y = to_comps(y0)
+    representation = Representation(y0)
+    vf = representation.field(problem)
+    to_leaves = representation.merge
+    y = representation.split(y0)
     f_init = vf(t0, y)
     norm = getattr(controller, "norm", None)
     if norm in (optx.rms_norm, optx.max_norm):
@@ -141,6 +143,7 @@ def record_loop(
         carry["restarts"] = jnp.zeros((max_steps,), dtype=bool)
     # Every state is kept when saved (`SaveAt(steps=True)`); for the adjoint alone,
     # every `CHECKPOINT_EVERY`-th (it recomputes the others one segment at a time).
+    # They are kept as the steps hold them (components for a small state).
     every = 1 if plan.steps else CHECKPOINT_EVERY
     if keep_states or plan.steps:
         carry["states"] = [
@@ -255,9 +258,9 @@ def record_loop(
     else:
         ts_values = None
     states = c.get("states")
-    if states is not None:
-        states = to_leaves(states, 1)
-    step_values = None if states is None else [s[1:] for s in states]
+    step_values = None
+    if plan.steps:
+        step_values = to_leaves([s[1:] for s in states], 1)
     layout = save_layout(plan, step_ends, max_steps)
     ts_out, ys_out = assemble(
         plan,

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from diffrax._saveat import save_y as _save_y  # the default SaveAt fn
 
-from ._components import as_components
+from ._components import Representation
 from ._mesh import RecordedMesh
 from ._problem import LeafProblem, prepare
 from ._saving import SavePlan, assemble, save_layout
@@ -53,7 +53,9 @@ def replay_one(
     keep_states = plan.ts is not None or plan.steps
 
     # A small state is stepped as a list of scalar components (see `_components.py`).
-    vf, to_comps, to_leaves = as_components(problem, y0)
+    representation = Representation(y0)
+    vf = representation.field(problem)
+    to_comps, to_leaves = representation.split, representation.merge
 
     @functools.partial(jax.checkpoint, prevent_cse=False)
     def body(carry, x):

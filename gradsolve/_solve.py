@@ -145,10 +145,8 @@ def _solve_bwd(
     del perturbed, t0, t1, dt0, controller, max_steps
     mesh, states, layout, every = residuals
     ys_bar = [
-        jnp.zeros_like(s, shape=(plan.size(mesh.max_steps),) + s.shape[1:])
-        if g is None
-        else g
-        for g, s in zip(grad_obj.ys, states)
+        jnp.zeros((plan.size(mesh.max_steps),) + y.shape, y.dtype) if g is None else g
+        for g, y in zip(grad_obj.ys, diff[0])
     ]
     return adjoint_loop(
         solver, mesh, states, layout, plan, ys_bar, diff, treedef, every
