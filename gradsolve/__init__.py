@@ -16,7 +16,12 @@ from ._solution import Solution as Solution
 from ._solve import diffeqsolve as diffeqsolve, record as record
 from ._solver import (
     AbstractExplicitSolver as AbstractExplicitSolver,
+    AbstractGradsolveSolver as AbstractGradsolveSolver,
+    AbstractRosenbrock as AbstractRosenbrock,
     Dopri5 as Dopri5,
+    Rodas5 as Rodas5,
+    Rodas5P as Rodas5P,
+    RosenbrockTableau as RosenbrockTableau,
     Tsit5 as Tsit5,
 )
 

@@ -13,7 +13,7 @@ from ._mesh import RecordedMesh
 from ._problem import LeafProblem, prepare
 from ._saving import SavePlan, assemble, save_layout
 from ._solution import Solution
-from ._solver.base import AbstractExplicitSolver, explicit_rk_step
+from ._solver.base import AbstractGradsolveSolver
 from ._solver.interpolation import combine, normalised_time
 
 
@@ -40,12 +40,11 @@ def mesh_steps(mesh: RecordedMesh):
 def replay_one(
     mesh: RecordedMesh,
     problem: LeafProblem,
-    solver: AbstractExplicitSolver,
+    solver: AbstractGradsolveSolver,
     y0: list,
     plan: SavePlan,
 ):
     """Replay one trajectory. Returns `(ts, ys_leaves, max_error_ratio)`."""
-    coeffs = solver.coefficients()
     direction, starts, ends = mesh_steps(mesh)
     max_steps = mesh.max_steps
     adaptive = mesh.rtol is not None
@@ -59,15 +58,15 @@ def replay_one(
 
     @functools.partial(jax.checkpoint, prevent_cse=False)
     def body(carry, x):
-        y, f_fsal = carry
+        y, f0 = carry
         if mesh.restarts is None:
             s, e = x
-            f0 = f_fsal
         else:
             s, e, restart = x
-            fresh = vf(direction * s, y)
-            f0 = [jnp.where(restart, a, b) for a, b in zip(fresh, f_fsal)]
-        y1, y_error, ks, f1 = explicit_rk_step(coeffs, vf, s, e, direction, y, f0)
+            if f0 is not None:
+                fresh = vf(direction * s, y)
+                f0 = [jnp.where(restart, a, b) for a, b in zip(fresh, f0)]
+        y1, y_error, ks, f1 = solver.step_leaves(vf, s, e, direction, y, f0)
         ratio = None
         if adaptive:
             ratio = scaled_error(
@@ -84,7 +83,7 @@ def replay_one(
 
     xs = (starts, ends) if mesh.restarts is None else (starts, ends, mesh.restarts)
     y0_comps = to_comps(y0)
-    f_init = vf(mesh.ts[0], y0_comps)
+    f_init = vf(mesh.ts[0], y0_comps) if solver.fsal else None
     (y_final, _), (ratios, states, ks) = jax.lax.scan(body, (y0_comps, f_init), xs)
     y_final = to_leaves(y_final)
     if states is not None:
@@ -122,7 +121,7 @@ def replay_one(
 def replay(
     mesh: RecordedMesh,
     terms: diffrax.ODETerm,
-    solver: AbstractExplicitSolver,
+    solver: AbstractGradsolveSolver,
     y0,
     args=None,
     *,
@@ -160,9 +159,10 @@ def replay(
     A [`gradsolve.Solution`][]; `stats["max_error_ratio"] > 1` says the mesh has gone
     stale for these inputs (the recording tolerances are no longer met): record again.
     """
-    if not isinstance(solver, AbstractExplicitSolver):
+    if not isinstance(solver, AbstractGradsolveSolver):
         raise TypeError(
-            f"gs.replay needs a gradsolve solver (gs.Tsit5(), gs.Dopri5()); got "
+            "gs.replay needs a gradsolve solver (gs.Tsit5(), gs.Dopri5(), "
+            f"gs.Rodas5(), gs.Rodas5P()); got "
             f"{type(solver).__name__}. Use gs.diffeqsolve, which falls back to "
             "diffrax.diffeqsolve, for other solvers."
         )

@@ -13,7 +13,7 @@ from ._problem import LeafProblem, check_concrete_inputs, has_jump_ts, prepare
 from ._record import record_loop
 from ._saving import SavePlan
 from ._solution import Solution
-from ._solver.base import AbstractExplicitSolver
+from ._solver.base import AbstractGradsolveSolver
 
 
 _FAST_CONTROLLERS = (
@@ -38,7 +38,7 @@ def fallback_reason(
     made_jump,
 ) -> str | None:
     """Why a solve cannot take the fast path (`None` if it can)."""
-    if not isinstance(solver, AbstractExplicitSolver):
+    if not isinstance(solver, AbstractGradsolveSolver):
         return f"the solver is {type(solver).__name__}, not a gradsolve solver"
     if type(terms) is not diffrax.ODETerm:
         return "the terms are not a single diffrax.ODETerm"
@@ -267,12 +267,12 @@ def diffeqsolve(
     """Solve an ODE; a drop-in replacement for `diffrax.diffeqsolve`.
 
     Takes the same arguments with the same defaults. With a gradsolve solver
-    (`gs.Tsit5()`, `gs.Dopri5()`), a `diffrax.ODETerm`, a `PIDController`,
-    `ConstantStepSize` or `StepTo` controller and `SaveAt(t0, t1, ts, steps)`, it
-    records the accepted steps (the same steps Diffrax takes) and returns them as
-    `sol.mesh`; `jax.grad` through it is the exact discrete adjoint over those steps
-    (the derivative Diffrax returns by default), computed in time proportional to the
-    number of accepted steps.
+    (`gs.Tsit5()`, `gs.Dopri5()`, `gs.Rodas5()`, `gs.Rodas5P()`), a
+    `diffrax.ODETerm`, a `PIDController`, `ConstantStepSize` or `StepTo` controller
+    and `SaveAt(t0, t1, ts, steps)`, it records the accepted steps (the same steps
+    Diffrax takes) and returns them as `sol.mesh`; `jax.grad` through it is the
+    exact discrete adjoint over those steps (the derivative Diffrax returns by
+    default), computed in time proportional to the number of accepted steps.
 
     Anything else (a Diffrax solver, other terms, `SaveAt(dense=True)` or `fn`,
     events, another `adjoint`, a progress meter, ...) is passed unchanged to
@@ -414,8 +414,8 @@ def record(
     if reason is not None:
         raise ValueError(
             f"gs.record cannot record this solve: {reason}. It records gradsolve "
-            "solvers (gs.Tsit5(), gs.Dopri5()) on a diffrax.ODETerm with a "
-            "PIDController, ConstantStepSize or StepTo controller."
+            "solvers (gs.Tsit5(), gs.Dopri5(), gs.Rodas5()) on a diffrax.ODETerm "
+            "with a PIDController, ConstantStepSize or StepTo controller."
         )
     check_concrete_inputs(t0, t1, dt0, y0, args, saveat)
     return _fast_record(
