@@ -172,9 +172,8 @@ def _max_steps_messages(max_steps) -> list[str]:
     static, so the place is chosen from a list by a traced index)."""
     return [
         f"max_steps={max_steps} was reached {percent}% of the way from t0 to t1. "
-        "Raise max_steps, loosen rtol/atol, or, if the problem is stiff, use a "
-        "stiff solver (e.g. diffrax.Kvaerno5, which gs.diffeqsolve runs through its "
-        "Diffrax fallback)."
+        "Raise max_steps, loosen rtol/atol, or, if the problem is stiff (an "
+        "explicit solver then takes tiny steps for stability), use gs.Rodas5()."
         for percent in range(101)
     ]
 

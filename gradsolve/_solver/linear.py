@@ -21,9 +21,12 @@ import jax.scipy.linalg as jsl
 from .._custom_types import Leaves
 
 
-# Above this many scalar components the written-out elimination (whose size grows as
-# the cube of the dimension) gives way to a stacked LU factorisation.
-MAX_UNROLLED = 12
+# Above this many scalar components the written-out elimination gives way to a stacked
+# LU factorisation: its size, and XLA's compile time, grow as the cube of the
+# dimension (8 components: 3x the compile time for steps 25% faster; 12: the
+# gradient no longer compiles in 8 GiB), while its speed-up is largest for the
+# smallest systems (3 components: steps 3x faster).
+MAX_UNROLLED = 4
 
 
 class ScalarSystem:
