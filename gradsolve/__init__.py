@@ -11,6 +11,7 @@ from diffrax import (
 )
 
 from ._mesh import RecordedMesh as RecordedMesh
+from ._mesh_io import load_mesh as load_mesh, save_mesh as save_mesh
 from ._replay import replay as replay
 from ._solution import Solution as Solution
 from ._solve import diffeqsolve as diffeqsolve, record as record
