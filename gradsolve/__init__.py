@@ -20,6 +20,7 @@ from ._solver import (
     Dopri5 as Dopri5,
     Tsit5 as Tsit5,
 )
+from ._stale import StaleMeshWarning as StaleMeshWarning
 
 
 __version__ = "0.1.0"
