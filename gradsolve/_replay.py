@@ -12,7 +12,7 @@ from diffrax._saveat import save_y as _save_y  # the default SaveAt fn
 from ._components import Representation
 from ._mesh import RecordedMesh
 from ._problem import LeafProblem, prepare
-from ._saving import SavePlan, assemble, save_layout
+from ._saving import SavePlan, assemble, caller_times, save_layout
 from ._solution import Solution
 from ._solver.base import AbstractExplicitSolver, explicit_rk_step
 from ._solver.interpolation import combine, normalised_time
@@ -122,7 +122,7 @@ def replay_one(
         # A NaN ratio (the replay blew up) counts as infinite. (XLA's CPU max over
         # a long array can drop NaNs and return -inf: never let it hide one.)
         max_ratio = jnp.max(jnp.where(jnp.isnan(ratios), jnp.inf, ratios))
-    return direction * ts_out, ys_out, max_ratio
+    return caller_times(direction, ts_out), ys_out, max_ratio
 
 
 def replay(

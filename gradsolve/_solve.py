@@ -8,6 +8,7 @@ import jax.tree_util as jtu
 from diffrax._saveat import save_y as _save_y  # the default SaveAt fn
 
 from ._adjoint import adjoint_loop
+from ._diagnose import failure_message, is_concrete
 from ._mesh import RecordedMesh
 from ._problem import LeafProblem, check_concrete_inputs, has_jump_ts, prepare
 from ._record import record_loop
@@ -319,7 +320,9 @@ def diffeqsolve(
             made_jump=made_jump,
         )
     check_concrete_inputs(t0, t1, dt0, y0, args, saveat)
-    return _fast_diffeqsolve(
+    # Called eagerly, a failure is explained on the host (with its time and cause).
+    eager = throw and is_concrete(terms, t0, t1, dt0, y0, args, saveat)
+    sol = _fast_diffeqsolve(
         terms,
         solver,
         t0,
@@ -330,8 +333,34 @@ def diffeqsolve(
         saveat,
         stepsize_controller,
         max_steps,
-        throw,
+        throw and not eager,
     )
+    if eager:
+        ys = _throw_eagerly(sol.ys, sol, terms, solver, y0, args, max_steps)
+        sol = eqx.tree_at(lambda s: s.ys, sol, ys)
+    return sol
+
+
+def _throw_eagerly(out, sol, terms, solver, y0, args, max_steps):
+    """Raise a `ValueError` naming time and cause if the solve failed; if its result
+    turned out to be traced (a field closing over a tracer), the in-graph check."""
+    if not is_concrete(sol.result, sol.mesh):
+        return _throw(out, sol.result, max_steps, True, sol.mesh, sol.t0, sol.t1)
+    message = failure_message(
+        sol.result,
+        sol.mesh,
+        sol.stats,
+        terms,
+        solver,
+        y0,
+        args,
+        sol.t0,
+        sol.t1,
+        max_steps,
+    )
+    if message is not None:
+        raise ValueError(message)
+    return out
 
 
 @eqx.filter_jit
@@ -418,7 +447,8 @@ def record(
             "PIDController, ConstantStepSize or StepTo controller."
         )
     check_concrete_inputs(t0, t1, dt0, y0, args, saveat)
-    return _fast_record(
+    eager = throw and is_concrete(terms, t0, t1, dt0, y0, args, saveat)
+    mesh = _fast_record(
         terms,
         solver,
         t0,
@@ -429,5 +459,14 @@ def record(
         saveat,
         stepsize_controller,
         max_steps,
-        throw,
+        throw and not eager,
     )
+    if eager:
+        if not is_concrete(mesh):
+            return _throw(mesh, mesh.result, max_steps, True, mesh, t0, t1)
+        message = failure_message(
+            mesh.result, mesh, None, terms, solver, y0, args, t0, t1, max_steps
+        )
+        if message is not None:
+            raise ValueError(message)
+    return mesh
