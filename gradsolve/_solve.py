@@ -15,6 +15,7 @@ from ._record import record_loop
 from ._saving import SavePlan
 from ._solution import Solution
 from ._solver.base import AbstractExplicitSolver
+from ._unbatched import batch_max_int
 
 
 _FAST_CONTROLLERS = (
@@ -185,6 +186,9 @@ def _throw(out, result, max_steps, valid, mesh, t0, t1):
     span = jnp.where(t1 == t0, 1, t1 - t0)
     fraction = (mesh.ts[-1] - t0) / span
     percent = jnp.clip(jnp.floor(100 * fraction), 0, 100).astype(jnp.int32)
+    # Over an ensemble: the furthest a failed trajectory got (defined when empty).
+    failed = valid & (result == diffrax.RESULTS.max_steps_reached)
+    percent = batch_max_int(jnp.where(failed, percent, 0), bits=7)
     out = eqx.branched_error_if(
         out,
         valid & (result == diffrax.RESULTS.max_steps_reached),

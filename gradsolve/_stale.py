@@ -7,6 +7,8 @@ import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 
+from ._unbatched import batch_max_int
+
 
 STALE_OPTIONS = ("warn", "error", "ignore")
 
@@ -23,10 +25,11 @@ class StaleMeshWarning(UserWarning):
     was recorded at (`stats["max_error_ratio"] > 1`): record it again."""
 
 
-def _warn(ratio):
+def _warn(decade):
+    size = "infinite (NaN or inf)" if decade >= 400 else f"up to 1e{int(decade)}"
     warnings.warn(
         f"The mesh is stale: replayed with these inputs, its error estimate is "
-        f"{float(ratio):.3g} times the tolerance it was recorded at "
+        f"{size} times the tolerance it was recorded at "
         "(stats['max_error_ratio'] > 1), so the result and its gradient are less "
         "accurate than requested. Record a new mesh at these inputs with gs.record; "
         "pass stale='error' to gs.replay to stop instead, or stale='ignore'.",
@@ -51,9 +54,12 @@ def check_stale(tree, max_ratio, stale: str):
     is_stale = ~(ratio <= 1)  # NaN counts as stale
     if stale == "error":
         return eqx.error_if(tree, is_stale, _ERROR)
-    any_stale = eqxi.unvmap_any(is_stale)
-    worst = eqxi.unvmap_max(jnp.where(jnp.isnan(ratio), jnp.inf, ratio))
+    any_stale = eqxi.unvmap_any(jnp.any(is_stale))
+    # The decade of the worst ratio, reduced without `unvmap_max` (see `_unbatched`).
+    ratio = jnp.where(jnp.isnan(ratio), jnp.inf, ratio)
+    decade = jnp.clip(jnp.ceil(jnp.log10(jnp.maximum(ratio, 1))), 0, 400)
+    decade = batch_max_int(decade.astype(jnp.int32), bits=9)
     jax.lax.cond(
-        any_stale, lambda r: jax.debug.callback(_warn, r), lambda r: None, worst
+        any_stale, lambda d: jax.debug.callback(_warn, d), lambda d: None, decade
     )
     return tree
