@@ -253,6 +253,18 @@ def _replay_batched(mesh, terms, solver, y0, args, saveat, args_axes):
             f"{batch}), or record a mesh for this ensemble with gs.record."
         )
 
+    if args_axes == 0:
+        arg_sizes = {
+            jnp.shape(x)[0] if jnp.ndim(x) else None for x in jtu.tree_leaves(args)
+        }
+        if arg_sizes - {batch}:
+            raise ValueError(
+                f"The mesh holds {batch} trajectories but args (args_axes=0) has "
+                f"leading axis sizes {sorted(s for s in arg_sizes if s is not None)}:"
+                f" pass one set of args per trajectory, or args_axes=None to share "
+                "them."
+            )
+
     def one(m, y, a):
         return replay(
             m,
