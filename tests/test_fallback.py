@@ -75,6 +75,7 @@ ROWS = {
         {"event": diffrax.Event(lambda t, y, args, **kw: y[0] - 0.5)},
     ),
     "progress_meter": (gs.Tsit5(), {"progress_meter": diffrax.TextProgressMeter()}),
+    "made_jump": (gs.Tsit5(), {"made_jump": jnp.array(False)}),
     "max_steps_none": (
         gs.Tsit5(),
         {"max_steps": None, "adjoint": diffrax.ForwardMode()},
