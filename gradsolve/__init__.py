@@ -10,6 +10,11 @@ from diffrax import (
     StepTo as StepTo,
 )
 
+from ._ensemble import (
+    estimate_memory as estimate_memory,
+    record_ensemble as record_ensemble,
+    replay_ensemble as replay_ensemble,
+)
 from ._mesh import RecordedMesh as RecordedMesh
 from ._mesh_io import load_mesh as load_mesh, save_mesh as save_mesh
 from ._replay import replay as replay
