@@ -71,13 +71,14 @@ def _loss(replay, mesh, saveat, **kwargs):
 def test_chunked_replay_gradient_is_the_batched_one(mesh, saveat):
     (want_grad, want_ys) = _loss(gs.replay, mesh, saveat)(PARAMS)
     (got_grad, got_ys) = _loss(gs.replay_ensemble, mesh, saveat, chunk_size=3)(PARAMS)
-    _assert_identical(got_ys, want_ys)
     if saveat.subs.ts is None:
-        _assert_identical(got_grad, want_grad)
+        _assert_identical((got_grad, got_ys), (want_grad, want_ys))
     else:
-        # The transpose of the dense-output scatter sums its contributions in an
-        # order that depends on the batch size: equal to round-off.
-        np.testing.assert_allclose(got_grad, want_grad, rtol=1e-13, atol=1e-13)
+        # XLA compiles the dense-output interpolation differently for another batch
+        # size (operation fusion): equal to round-off (amplified by Lorenz's chaos
+        # in the gradient).
+        np.testing.assert_allclose(got_ys, want_ys, rtol=1e-14, atol=1e-14)
+        np.testing.assert_allclose(got_grad, want_grad, rtol=1e-12)
 
 
 def test_budget_sets_the_chunks(mesh):
