@@ -1,13 +1,14 @@
-"""Saying where and why a solve failed, when its values are known (outside `jit`).
+"""Saying where and why a solve failed.
 
 Inside `jit` an error message must be static, so a failed solve reports only the
-fraction of the interval it covered. Called eagerly, `gs.diffeqsolve` and
-`gs.record` can do better: they look at the failed mesh on the host, find the time
-the solve stopped at, the last step size and the state there, probe the vector field
-just beyond it, and name the likely cause and its fix.
+fraction of the interval it covered (`throw_in_graph`). Called eagerly,
+`gs.diffeqsolve` and `gs.record` can do better: they look at the failed mesh on the
+host, find the time the solve stopped at, the last step size and the state there,
+probe the vector field just beyond it, and name the likely cause and its fix.
 """
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.flatten_util
 import jax.numpy as jnp
@@ -16,6 +17,7 @@ import numpy as np
 
 from ._mesh import RecordedMesh
 from ._replay import replay
+from ._unbatched import batch_max_int
 
 
 def is_concrete(*trees) -> bool:
@@ -146,3 +148,59 @@ def failure_message(
         head = f"The solve failed ({result}) {where}"
         fix = fix or "Inspect sol.result with throw=False."
     return " ".join(x for x in (head, cause, fix) if x)
+
+
+def _max_steps_messages(max_steps) -> list[str]:
+    """One message per percent of the interval reached (an error message must be
+    static, so the place is chosen from a list by a traced index)."""
+    return [
+        f"max_steps={max_steps} was reached {percent}% of the way from t0 to t1. "
+        "Raise max_steps, loosen rtol/atol, or, if the problem is stiff, use a "
+        "stiff solver (e.g. diffrax.Kvaerno5, which gs.diffeqsolve runs through its "
+        "Diffrax fallback)."
+        for percent in range(101)
+    ]
+
+
+def throw_in_graph(out, result, max_steps, valid, mesh, t0, t1):
+    """Return `out` with `eqx.error_if` checks of a failed solve (inside `jit`,
+    `grad` and `vmap`): static messages, the place as a percentage of the interval.
+    """
+    # The mesh is padded with the last time reached.
+    span = jnp.where(t1 == t0, 1, t1 - t0)
+    fraction = (mesh.ts[-1] - t0) / span
+    percent = jnp.clip(jnp.floor(100 * fraction), 0, 100).astype(jnp.int32)
+    # Over an ensemble: the furthest a failed trajectory got (defined when empty).
+    failed = valid & (result == diffrax.RESULTS.max_steps_reached)
+    percent = batch_max_int(jnp.where(failed, percent, 0), bits=7)
+    out = eqx.branched_error_if(
+        out,
+        valid & (result == diffrax.RESULTS.max_steps_reached),
+        percent,
+        _max_steps_messages(max_steps),
+    )
+    out = eqx.error_if(
+        out,
+        valid & (result == diffrax.RESULTS.dt_min_reached),
+        "The step size fell below dtmin (PIDController(force_dtmin=False)). Lower "
+        "dtmin, loosen rtol/atol, or check the vector field for a singularity.",
+    )
+    return eqx.error_if(
+        out,
+        valid & (result != diffrax.RESULTS.successful),
+        "The solve failed; inspect sol.result with throw=False.",
+    )
+
+
+def throw_eagerly(out, mesh, stats, t0, t1, terms, solver, y0, args, max_steps):
+    """Return `out`, or raise a `ValueError` naming the time and cause of a failed
+    solve. If the result turned out to be traced (a vector field closing over a
+    tracer), fall back to the in-graph check of `throw_in_graph`."""
+    if not is_concrete(mesh):
+        return throw_in_graph(out, mesh.result, max_steps, True, mesh, t0, t1)
+    message = failure_message(
+        mesh.result, mesh, stats, terms, solver, y0, args, t0, t1, max_steps
+    )
+    if message is not None:
+        raise ValueError(message)
+    return out

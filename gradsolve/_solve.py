@@ -8,14 +8,13 @@ import jax.tree_util as jtu
 from diffrax._saveat import save_y as _save_y  # the default SaveAt fn
 
 from ._adjoint import adjoint_loop
-from ._diagnose import failure_message, is_concrete
+from ._diagnose import is_concrete, throw_eagerly, throw_in_graph
 from ._mesh import RecordedMesh
 from ._problem import LeafProblem, check_concrete_inputs, has_jump_ts, prepare
 from ._record import record_loop
 from ._saving import SavePlan
 from ._solution import Solution
 from ._solver.base import AbstractExplicitSolver
-from ._unbatched import batch_max_int
 
 
 _FAST_CONTROLLERS = (
@@ -169,45 +168,6 @@ def _prepare_and_convert(terms, t0, t1, dt0, y0, args, saveat):
     return prepared, f
 
 
-def _max_steps_messages(max_steps) -> list[str]:
-    """One message per percent of the interval reached (an error message must be
-    static, so the place is chosen from a list by a traced index)."""
-    return [
-        f"max_steps={max_steps} was reached {percent}% of the way from t0 to t1. "
-        "Raise max_steps, loosen rtol/atol, or, if the problem is stiff, use a "
-        "stiff solver (e.g. diffrax.Kvaerno5, which gs.diffeqsolve runs through its "
-        "Diffrax fallback)."
-        for percent in range(101)
-    ]
-
-
-def _throw(out, result, max_steps, valid, mesh, t0, t1):
-    # The mesh is padded with the last time reached.
-    span = jnp.where(t1 == t0, 1, t1 - t0)
-    fraction = (mesh.ts[-1] - t0) / span
-    percent = jnp.clip(jnp.floor(100 * fraction), 0, 100).astype(jnp.int32)
-    # Over an ensemble: the furthest a failed trajectory got (defined when empty).
-    failed = valid & (result == diffrax.RESULTS.max_steps_reached)
-    percent = batch_max_int(jnp.where(failed, percent, 0), bits=7)
-    out = eqx.branched_error_if(
-        out,
-        valid & (result == diffrax.RESULTS.max_steps_reached),
-        percent,
-        _max_steps_messages(max_steps),
-    )
-    out = eqx.error_if(
-        out,
-        valid & (result == diffrax.RESULTS.dt_min_reached),
-        "The step size fell below dtmin (PIDController(force_dtmin=False)). Lower "
-        "dtmin, loosen rtol/atol, or check the vector field for a singularity.",
-    )
-    return eqx.error_if(
-        out,
-        valid & (result != diffrax.RESULTS.successful),
-        "The solve failed; inspect sol.result with throw=False.",
-    )
-
-
 @eqx.filter_jit
 def _fast_diffeqsolve(
     terms, solver, t0, t1, dt0, y0, args, saveat, stepsize_controller, max_steps, throw
@@ -227,7 +187,7 @@ def _fast_diffeqsolve(
     )
     ys = out.ys
     if throw:
-        ys = _throw(
+        ys = throw_in_graph(
             ys,
             out.result,
             max_steps,
@@ -340,31 +300,20 @@ def diffeqsolve(
         throw and not eager,
     )
     if eager:
-        ys = _throw_eagerly(sol.ys, sol, terms, solver, y0, args, max_steps)
+        ys = throw_eagerly(
+            sol.ys,
+            sol.mesh,
+            sol.stats,
+            sol.t0,
+            sol.t1,
+            terms,
+            solver,
+            y0,
+            args,
+            max_steps,
+        )
         sol = eqx.tree_at(lambda s: s.ys, sol, ys)
     return sol
-
-
-def _throw_eagerly(out, sol, terms, solver, y0, args, max_steps):
-    """Raise a `ValueError` naming time and cause if the solve failed; if its result
-    turned out to be traced (a field closing over a tracer), the in-graph check."""
-    if not is_concrete(sol.result, sol.mesh):
-        return _throw(out, sol.result, max_steps, True, sol.mesh, sol.t0, sol.t1)
-    message = failure_message(
-        sol.result,
-        sol.mesh,
-        sol.stats,
-        terms,
-        solver,
-        y0,
-        args,
-        sol.t0,
-        sol.t1,
-        max_steps,
-    )
-    if message is not None:
-        raise ValueError(message)
-    return out
 
 
 @eqx.filter_jit
@@ -390,7 +339,7 @@ def _fast_record(
     )
     mesh = out.mesh
     if throw:
-        mesh = _throw(
+        mesh = throw_in_graph(
             mesh,
             out.result,
             max_steps,
@@ -466,11 +415,7 @@ def record(
         throw and not eager,
     )
     if eager:
-        if not is_concrete(mesh):
-            return _throw(mesh, mesh.result, max_steps, True, mesh, t0, t1)
-        message = failure_message(
-            mesh.result, mesh, None, terms, solver, y0, args, t0, t1, max_steps
+        mesh = throw_eagerly(
+            mesh, mesh, None, t0, t1, terms, solver, y0, args, max_steps
         )
-        if message is not None:
-            raise ValueError(message)
     return mesh
