@@ -92,7 +92,7 @@ class RecordedMesh(eqx.Module):
         a bucket (see `bucket_length`).
         """
         try:
-            longest = int(np.max(np.asarray(self.num_steps)))
+            longest = int(np.max(np.asarray(self.num_steps), initial=0))
         except Exception as e:  # a tracer cannot be made concrete
             raise ValueError(
                 "RecordedMesh.trim() needs concrete step counts: call it outside "

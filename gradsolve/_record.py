@@ -12,7 +12,7 @@ from jaxtyping import Array
 from ._components import Representation
 from ._mesh import RecordedMesh, pad_after
 from ._problem import LeafProblem
-from ._saving import SaveLayout, SavePlan, assemble, save_layout
+from ._saving import SaveLayout, SavePlan, assemble, caller_times, save_layout
 from ._solver.base import AbstractGradsolveSolver
 from ._solver.interpolation import combine, normalised_time
 
@@ -297,7 +297,7 @@ def record_loop(
     )
     return RecordOutput(
         mesh=mesh,
-        ts=direction * ts_out,
+        ts=caller_times(direction, ts_out),
         ys=ys_out,
         stats=stats,
         result=result,
