@@ -107,10 +107,14 @@ def rosenbrock_step(
     gamma = tableau.gamma
     h = t1 - t0
     f0, f_t, jac = linearise(vf, t0, y0)
+    # The stage times are in the time's dtype; the arithmetic on the state is in the
+    # state's (a float32 state with float64 times stays float32, as in Diffrax).
+    dtype = jnp.result_type(*y0)
+    control = jnp.asarray(control, dtype)
     matrix = system(jac, gamma * control)
     # `h f_t` is the change of the field over the step from time alone: `control * h`
     # times the derivative in the time of `vf` is `h^2` times that in the ODE's time.
-    time_term = [control * h * x for x in f_t]
+    time_term = [(control * jnp.asarray(h, dtype)) * x for x in f_t]
     ks = []
     for i in range(tableau.num_stages):
         if i == 0:
