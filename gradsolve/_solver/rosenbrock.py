@@ -111,7 +111,8 @@ def rosenbrock_step(
     # state's (a float32 state with float64 times stays float32, as in Diffrax).
     dtype = jnp.result_type(*y0)
     control = jnp.asarray(control, dtype)
-    matrix = system(jac, gamma * control)
+    gamma_control = gamma * control
+    matrix = system(jac, gamma_control)
     # `h f_t` is the change of the field over the step from time alone: `control * h`
     # times the derivative in the time of `vf` is `h^2` times that in the ODE's time.
     time_term = [(control * jnp.asarray(h, dtype)) * x for x in f_t]
@@ -122,7 +123,7 @@ def rosenbrock_step(
         else:
             y_i = linear_combination(y0, tableau.a[i - 1], ks)
             f_i = vf(t0 + tableau.c[i] * h, y_i)
-        rhs = [gamma * control * x for x in f_i]
+        rhs = [gamma_control * x for x in f_i]
         if tableau.d[i] != 0:
             rhs = [r + (gamma * tableau.d[i]) * x for r, x in zip(rhs, time_term)]
         if i > 0:
