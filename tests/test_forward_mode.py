@@ -15,7 +15,11 @@ from .helpers import PROBLEMS
 CTRL = diffrax.PIDController(rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("solver", [gs.Tsit5(), gs.Dopri5()], ids=["tsit5", "dopri5"])
+@pytest.mark.parametrize(
+    "solver",
+    [gs.Tsit5(), pytest.param(gs.Dopri5(), marks=pytest.mark.slow)],
+    ids=["tsit5", "dopri5"],
+)
 def test_forward_mode_through_replay(solver):
     problem = PROBLEMS["lotka_volterra"]
     term = diffrax.ODETerm(problem.f)

@@ -178,6 +178,9 @@ CASES = {
 }
 
 
+# The larger and PyTree states compile for longer: in the long test run.
+_SLOW_CASES = {"diffusion_40", "pendulum_stiff"}
+
 # Cases where Diffrax's default (PIDController) gradient is not the discrete adjoint of
 # its own accepted steps (it differs from Diffrax's StepTo gradient over those steps).
 _DIFFRAX_DEFAULT_DIFFERS = {"pendulum_stiff"}
@@ -187,7 +190,13 @@ def _ts(case, n=7):
     return jnp.linspace(case.t0, case.t1, n + 2)[1:-1]
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.slow) if name in _SLOW_CASES else name
+        for name in CASES
+    ],
+)
 def test_mesh_values_and_gradients_equal_diffrax_running_rodas5(name):
     case = CASES[name]
     solver = gs.Rodas5()
