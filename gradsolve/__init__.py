@@ -10,6 +10,7 @@ from diffrax import (
     StepTo as StepTo,
 )
 
+from ._fit import FitResult as FitResult, fit as fit
 from ._mesh import RecordedMesh as RecordedMesh
 from ._replay import replay as replay
 from ._solution import Solution as Solution
