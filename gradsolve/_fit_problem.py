@@ -17,7 +17,7 @@ from jaxtyping import Array, PyTree
 from ._fit_jacobian import ensemble_residuals
 from ._mesh import RecordedMesh
 from ._replay import replay
-from ._solve import diffeqsolve, record
+from ._solve import record
 
 
 def _identity(y, params):
@@ -118,29 +118,6 @@ class FitProblem(eqx.Module):
             inputs=(self.y0s, mesh, self.data, sqrt_weights),
             mode=mode,
         )
-
-    def solve(self, params, controller, dt0, max_steps):
-        """A fresh adaptive solve of the ensemble (no mesh reused): saved states."""
-        theta, y0s = self.split(params)
-
-        def one(y0, p):
-            sol = diffeqsolve(
-                self.term,
-                self.solver,
-                self.t0,
-                self.ts[-1],
-                dt0,
-                y0,
-                p,
-                saveat=diffrax.SaveAt(ts=self.ts),
-                stepsize_controller=controller,
-                max_steps=max_steps,
-                throw=False,
-            )
-            return sol.ys, sol.result == diffrax.RESULTS.successful
-
-        ys, ok = jax.vmap(one, in_axes=(0, self.params_axes))(y0s, theta)
-        return self.observed(theta, ys), jnp.all(ok)
 
 
 def _per_trajectory_leaves(params_axes, theta) -> list:
