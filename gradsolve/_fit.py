@@ -218,11 +218,18 @@ def fit(
     mesh = None
     ratio = norm = np.nan
 
+    length = [0]
+
     def record_at(p):
         if not _finite(p):
             return None
         mesh, ok = _record(problem, p, stepsize_controller, dt0, max_steps)
-        return mesh.trim() if bool(ok) else None
+        if not bool(ok):
+            return None
+        # Never shorter than the meshes before: the compiled optimiser run is reused.
+        mesh = mesh.trim(at_least=length[0])
+        length[0] = mesh.max_steps
+        return mesh
 
     mesh = record_at(params)
     stats["records"] += 1
