@@ -110,12 +110,11 @@ class FitProblem(eqx.Module):
     def residuals(self, params, mesh: RecordedMesh, mode: str):
         """Weighted residuals `sqrt(w) * (observe(y) - data)` of the whole ensemble
         (masked entries are 0), with Jacobian blocks computed in `mode`."""
-        sqrt_weights = jnp.broadcast_to(self.sqrt_weights, self.data.shape)
         return ensemble_residuals(
             params,
             fn=self.trajectory_residuals,
             in_axes=self.in_axes,
-            inputs=(self.y0s, mesh, self.data, sqrt_weights),
+            inputs=(self.y0s, mesh, self.data, self.sqrt_weights),
             mode=mode,
         )
 
@@ -240,7 +239,11 @@ def make_problem(
 
 
 def _weights(weights, data):
-    """`sqrt(weights)` and the data with masked entries (weight 0) set to 0."""
+    """`sqrt(weights)` and the data with masked entries (weight 0) set to 0.
+
+    The weights always have data's shape, so that fits with and without weights
+    share compiled code.
+    """
     missing = ~np.isfinite(np.asarray(data))
     if weights is None:
         if missing.any():
@@ -249,7 +252,7 @@ def _weights(weights, data):
                 "(an array broadcastable to data's shape) with 0 at those entries to "
                 "leave them out of the fit, or remove them from data."
             )
-        return jnp.ones((), data.dtype), data
+        return jnp.ones(data.shape, data.dtype), data
     weights = np.asarray(weights, dtype=np.asarray(data).dtype)
     try:
         weights = np.broadcast_to(weights, data.shape)
@@ -267,4 +270,4 @@ def _weights(weights, data):
             "not 0. Set weights to 0 at those entries to leave them out of the fit."
         )
     data = jnp.where(jnp.asarray(missing), 0, data)
-    return jnp.asarray(np.sqrt(weights)), data
+    return jnp.asarray(np.sqrt(weights)), data  # broadcast above
