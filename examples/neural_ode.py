@@ -27,7 +27,7 @@ import gradsolve as gs  # noqa: E402
 
 T1 = 1.5
 TS = jnp.linspace(0.1, T1, 16)
-CONTROLLER = gs.PIDController(rtol=1e-6, atol=1e-6)
+CONTROLLER = gs.PIDController(rtol=1e-5, atol=1e-5)
 SPIRAL = jnp.array([[-0.1, 2.0], [-2.0, -0.1]])
 
 
@@ -36,7 +36,7 @@ class NeuralODE(eqx.Module):
     solver: gs.Tsit5
 
     def __init__(self, key):
-        self.mlp = eqx.nn.MLP(2, 2, 32, 2, activation=jnp.tanh, key=key)
+        self.mlp = eqx.nn.MLP(2, 2, 16, 2, activation=jnp.tanh, key=key)
         self.solver = gs.Tsit5()
 
     @staticmethod
