@@ -17,7 +17,7 @@ from ._mesh import RecordedMesh
 from ._problem import LeafProblem
 from ._replay import mesh_steps
 from ._saving import SaveLayout, SavePlan
-from ._solver.base import AbstractExplicitSolver, explicit_rk_step
+from ._solver.base import AbstractGradsolveSolver
 from ._solver.interpolation import normalised_time
 
 
@@ -34,7 +34,7 @@ def _scale(weight, leaves):
 
 
 def adjoint_loop(
-    solver: AbstractExplicitSolver,
+    solver: AbstractGradsolveSolver,
     mesh: RecordedMesh,
     states: list,
     layout: SaveLayout,
@@ -61,7 +61,6 @@ def adjoint_loop(
 
     The cotangent of `diff`.
     """
-    coeffs = solver.coefficients()
     weights_fn = solver.interpolation_cls.weights
     direction, starts, ends = mesh_steps(mesh)
     num_steps = mesh.num_steps
@@ -76,8 +75,8 @@ def adjoint_loop(
     def step(y, dynamic, s, e):
         _, args, f = eqx.combine(dynamic, diff_static)
         vf = representation.field(LeafProblem(f=f, args=args, treedef=treedef))
-        y1, _, ks, _ = explicit_rk_step(coeffs, vf, s, e, direction, y, None)
-        return y1, ks
+        y1, _, dense, _ = solver.step_leaves(vf, s, e, direction, y, None)
+        return y1, dense
 
     y_bar = zeros
     if layout.t1_slot is not None:
@@ -92,9 +91,8 @@ def adjoint_loop(
         ts_bar = split(ts_bar, 1)
     diff_bar = jax.tree_util.tree_map(jnp.zeros_like, diff_dynamic)
 
-    def interpolation_bar(n, s, e):
-        """Cotangents of (y_n, y_{n+1}, k_1..k_s) from the `ts` saves in step n."""
-        num_stages = coeffs.num_stages
+    def interpolation_bar(n, s, e, num_dense):
+        """Cotangents of (y_n, y_{n+1}, dense data) from the `ts` saves in step n."""
         lo = jnp.searchsorted(layout.ts_step, n, side="left")
         hi = jnp.searchsorted(layout.ts_step, n, side="right")
 
@@ -119,7 +117,7 @@ def adjoint_loop(
             j, acc = carry
             return j + 1, body(j, acc)
 
-        init = (zeros, zeros, [zeros] * num_stages)
+        init = (zeros, zeros, [zeros] * num_dense)
         _, acc = jax.lax.while_loop(cond, loop_body, (lo, init))
         return acc
 
@@ -128,13 +126,13 @@ def adjoint_loop(
         s, e = starts[n], ends[n]
         if step_bar is not None:
             y_bar = _add(y_bar, [x[n] for x in step_bar])
-        _, vjp = jax.vjp(lambda y, d: step(y, d, s, e), y_n, diff_dynamic)
+        (_, dense), vjp = jax.vjp(lambda y, d: step(y, d, s, e), y_n, diff_dynamic)
         if ts_bar is not None:
-            a_bar, b_bar, k_bar = interpolation_bar(n, s, e)
+            a_bar, b_bar, k_bar = interpolation_bar(n, s, e, len(dense))
             y_in_bar, d_bar = vjp((_add(y_bar, b_bar), k_bar))
             y_in_bar = _add(y_in_bar, a_bar)
         else:
-            k_bar = [zeros] * coeffs.num_stages
+            k_bar = [zeros] * len(dense)
             y_in_bar, d_bar = vjp((y_bar, k_bar))
         diff_bar = jax.tree_util.tree_map(jnp.add, diff_bar, d_bar)
         return y_in_bar, diff_bar

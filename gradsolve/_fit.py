@@ -6,7 +6,6 @@ from typing import Literal
 
 import diffrax
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np

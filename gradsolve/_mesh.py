@@ -97,7 +97,7 @@ class RecordedMesh(eqx.Module):
         a bucket (see `bucket_length`), or `at_least` if that is more.
         """
         try:
-            longest = int(np.max(np.asarray(self.num_steps)))
+            longest = int(np.max(np.asarray(self.num_steps), initial=0))
         except Exception as e:  # a tracer cannot be made concrete
             raise ValueError(
                 "RecordedMesh.trim() needs concrete step counts: call it outside "

@@ -85,6 +85,8 @@ def check_finite(tree, name: str):
             raise ValueError(msg)
     except jax.errors.ConcretizationTypeError:
         pass
+    if not any(isinstance(x, jax.Array) for x in jtu.tree_leaves(tree)):
+        return tree  # Python numbers only: checked above, and nothing to thread on.
     return eqx.error_if(tree, ~finite, msg)
 
 

@@ -12,8 +12,8 @@ from jaxtyping import Array
 from ._components import Representation
 from ._mesh import RecordedMesh, pad_after
 from ._problem import LeafProblem
-from ._saving import SaveLayout, SavePlan, assemble, save_layout
-from ._solver.base import AbstractExplicitSolver, explicit_rk_step
+from ._saving import SaveLayout, SavePlan, assemble, caller_times, save_layout
+from ._solver.base import AbstractGradsolveSolver
 from ._solver.interpolation import combine, normalised_time
 
 
@@ -56,7 +56,7 @@ def _set_if(buffer, index, value, pred):
 
 def record_loop(
     problem: LeafProblem,
-    solver: AbstractExplicitSolver,
+    solver: AbstractGradsolveSolver,
     t0,
     t1,
     dt0,
@@ -77,7 +77,6 @@ def record_loop(
     `plan.ts` is in internal time (`direction * t`). With `keep_states`, the state
     after every `checkpoint_every`-th accepted step is kept for the adjoint.
     """
-    coeffs = solver.coefficients()
     interpolation = solver.interpolation_cls
     direction = jnp.where(t0 < t1, 1, -1)
     ti0 = t0 * direction
@@ -105,15 +104,11 @@ def record_loop(
     clip_floor = _clip_floor(ti1)
     num_ts = 0 if plan.ts is None else len(plan.ts)
 
-    def step_fn(tprev, tnext, y, f0):
-        return explicit_rk_step(coeffs, vf, tprev, tnext, direction, y, f0)
-
     # A small state is stepped as scalar components (see `_components.py`).
     representation = Representation(y0)
     vf = representation.field(problem)
     to_leaves = representation.merge
     y = representation.split(y0)
-    f_init = vf(t0, y)
     norm = getattr(controller, "norm", None)
     if norm in (optx.rms_norm, optx.max_norm):
         # These norms see only the elements, not the structure: hand them the
@@ -126,7 +121,6 @@ def record_loop(
         tprev=ti0,
         tnext=tnext,
         y=y,
-        f_fsal=f_init,
         made_jump=jnp.array(False),
         controller_state=controller_state,
         num_steps=jnp.array(0),
@@ -138,6 +132,8 @@ def record_loop(
         ts_index=jnp.array(0),
         ts_values=zeros_like(y, num_ts),
     )
+    if solver.fsal:
+        carry["f_fsal"] = vf(t0, y)
     if has_jumps:
         carry["starts"] = jnp.full((max_steps,), ti0, dtype=time_dtype)
         carry["restarts"] = jnp.zeros((max_steps,), dtype=bool)
@@ -157,10 +153,10 @@ def record_loop(
     def body_fn(c):
         c = dict(c)
         tprev, tnext, y = c["tprev"], c["tnext"], c["y"]
-        f0 = c["f_fsal"]
-        if has_jumps:
+        f0 = c.get("f_fsal")
+        if has_jumps and f0 is not None:
             f0 = _where(c["made_jump"], vf(direction * tprev, y), f0)
-        y1, y_error, ks, f1 = step_fn(tprev, tnext, y, f0)
+        y1, y_error, ks, f1 = solver.step_leaves(vf, tprev, tnext, direction, y, f0)
         y_error = [jnp.where(jnp.isnan(e), jnp.inf, e) for e in y_error]
         (keep, next_tprev, next_tnext, made_jump, controller_state, ctrl_result) = (
             controller.adapt_step_size(
@@ -210,7 +206,8 @@ def record_loop(
                 save_cond, save_body, (c["ts_index"], c["ts_values"])
             )
         c["y"] = _where(keep, y1, y)
-        c["f_fsal"] = _where(keep, f1, c["f_fsal"])
+        if f0 is not None:
+            c["f_fsal"] = _where(keep, f1, f0)
         c["made_jump"] = jnp.where(keep, made_jump, c["made_jump"])
         c["tprev"], c["tnext"] = next_tprev, next_tnext
         c["controller_state"] = controller_state
@@ -300,7 +297,7 @@ def record_loop(
     )
     return RecordOutput(
         mesh=mesh,
-        ts=direction * ts_out,
+        ts=caller_times(direction, ts_out),
         ys=ys_out,
         stats=stats,
         result=result,

@@ -3,6 +3,7 @@
 import functools
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
@@ -11,10 +12,11 @@ from diffrax._saveat import save_y as _save_y  # the default SaveAt fn
 from ._components import Representation
 from ._mesh import RecordedMesh
 from ._problem import LeafProblem, prepare
-from ._saving import SavePlan, assemble, save_layout
+from ._saving import SavePlan, assemble, caller_times, save_layout
 from ._solution import Solution
-from ._solver.base import AbstractExplicitSolver, explicit_rk_step
+from ._solver.base import AbstractGradsolveSolver
 from ._solver.interpolation import combine, normalised_time
+from ._stale import check_stale
 
 
 def scaled_error(norm, rtol, atol, problem: LeafProblem, y0, y1, y_error):
@@ -40,12 +42,11 @@ def mesh_steps(mesh: RecordedMesh):
 def replay_one(
     mesh: RecordedMesh,
     problem: LeafProblem,
-    solver: AbstractExplicitSolver,
+    solver: AbstractGradsolveSolver,
     y0: list,
     plan: SavePlan,
 ):
     """Replay one trajectory. Returns `(ts, ys_leaves, max_error_ratio)`."""
-    coeffs = solver.coefficients()
     direction, starts, ends = mesh_steps(mesh)
     max_steps = mesh.max_steps
     adaptive = mesh.rtol is not None
@@ -59,15 +60,15 @@ def replay_one(
 
     @functools.partial(jax.checkpoint, prevent_cse=False)
     def body(carry, x):
-        y, f_fsal = carry
+        y, f0 = carry
         if mesh.restarts is None:
             s, e = x
-            f0 = f_fsal
         else:
             s, e, restart = x
-            fresh = vf(direction * s, y)
-            f0 = [jnp.where(restart, a, b) for a, b in zip(fresh, f_fsal)]
-        y1, y_error, ks, f1 = explicit_rk_step(coeffs, vf, s, e, direction, y, f0)
+            if f0 is not None:
+                fresh = vf(direction * s, y)
+                f0 = [jnp.where(restart, a, b) for a, b in zip(fresh, f0)]
+        y1, y_error, ks, f1 = solver.step_leaves(vf, s, e, direction, y, f0)
         ratio = None
         if adaptive:
             ratio = scaled_error(
@@ -84,7 +85,7 @@ def replay_one(
 
     xs = (starts, ends) if mesh.restarts is None else (starts, ends, mesh.restarts)
     y0_comps = to_comps(y0)
-    f_init = vf(mesh.ts[0], y0_comps)
+    f_init = vf(mesh.ts[0], y0_comps) if solver.fsal else None
     (y_final, _), (ratios, states, ks) = jax.lax.scan(body, (y0_comps, f_init), xs)
     y_final = to_leaves(y_final)
     if states is not None:
@@ -115,20 +116,25 @@ def replay_one(
         states,
         y_final,
     )
-    max_ratio = jnp.max(ratios) if adaptive else None
-    return direction * ts_out, ys_out, max_ratio
+    max_ratio = None
+    if adaptive:
+        # A NaN ratio (the replay blew up) counts as infinite. (XLA's CPU max over
+        # a long array can drop NaNs and return -inf: never let it hide one.)
+        max_ratio = jnp.max(jnp.where(jnp.isnan(ratios), jnp.inf, ratios))
+    return caller_times(direction, ts_out), ys_out, max_ratio
 
 
 def replay(
     mesh: RecordedMesh,
     terms: diffrax.ODETerm,
-    solver: AbstractExplicitSolver,
+    solver: AbstractGradsolveSolver,
     y0,
     args=None,
     *,
     saveat: diffrax.SaveAt = diffrax.SaveAt(t1=True),
     allow_other_solver: bool = False,
     args_axes=None,
+    stale: str = "warn",
 ) -> Solution:
     """Solve again over a recorded mesh, with fixed steps; differentiable.
 
@@ -154,15 +160,20 @@ def replay(
         mesh was chosen for the recording solver's error estimate).
     - `args_axes`: for a batched mesh, the `jax.vmap` `in_axes` of `args` (default
         `None`: shared by every trajectory; `0` maps every leaf over its first axis).
+    - `stale`: what to do when the mesh is stale for these inputs
+        (`stats["max_error_ratio"] > 1`): `"warn"` (a `gs.StaleMeshWarning`),
+        `"error"` (an error, also inside `jit`) or `"ignore"`. The check costs no
+        host round trip unless the mesh is stale.
 
     **Returns:**
 
     A [`gradsolve.Solution`][]; `stats["max_error_ratio"] > 1` says the mesh has gone
     stale for these inputs (the recording tolerances are no longer met): record again.
     """
-    if not isinstance(solver, AbstractExplicitSolver):
+    if not isinstance(solver, AbstractGradsolveSolver):
         raise TypeError(
-            f"gs.replay needs a gradsolve solver (gs.Tsit5(), gs.Dopri5()); got "
+            "gs.replay needs a gradsolve solver (gs.Tsit5(), gs.Dopri5(), "
+            f"gs.Rodas5(), gs.Rodas5P()); got "
             f"{type(solver).__name__}. Use gs.diffeqsolve, which falls back to "
             "diffrax.diffeqsolve, for other solvers."
         )
@@ -176,7 +187,8 @@ def replay(
     if not isinstance(terms, diffrax.ODETerm):
         raise TypeError(f"gs.replay needs a diffrax.ODETerm; got {type(terms)}.")
     if mesh.is_batched:
-        return _replay_batched(mesh, terms, solver, y0, args, saveat, args_axes)
+        sol = _replay_batched(mesh, terms, solver, y0, args, saveat, args_axes)
+        return _checked(sol, stale)
     if mesh.ts.ndim != 1:
         raise ValueError(f"mesh.ts must have one or two axes; got {mesh.ts.shape}.")
     _check_saveat(saveat)
@@ -193,7 +205,7 @@ def replay(
     if max_ratio is not None:
         stats["max_error_ratio"] = max_ratio
     treedef = prepared.problem.treedef
-    return Solution(
+    sol = Solution(
         t0=prepared.t0,
         t1=prepared.t1,
         ts=ts,
@@ -206,6 +218,16 @@ def replay(
         ),
         mesh=mesh,
     )
+    return _checked(sol, stale)
+
+
+def _checked(sol: Solution, stale: str) -> Solution:
+    ts, ys = check_stale((sol.ts, sol.ys), sol.stats.get("max_error_ratio"), stale)
+    return eqx.tree_at(lambda s: (s.ts, s.ys), sol, (ts, ys), is_leaf=_is_none)
+
+
+def _is_none(x):
+    return x is None
 
 
 def _check_saveat(saveat: diffrax.SaveAt):
@@ -231,7 +253,28 @@ def _replay_batched(mesh, terms, solver, y0, args, saveat, args_axes):
             f"{batch}), or record a mesh for this ensemble with gs.record."
         )
 
+    if args_axes == 0:
+        arg_sizes = {
+            jnp.shape(x)[0] if jnp.ndim(x) else None for x in jtu.tree_leaves(args)
+        }
+        if arg_sizes - {batch}:
+            raise ValueError(
+                f"The mesh holds {batch} trajectories but args (args_axes=0) has "
+                f"leading axis sizes {sorted(s for s in arg_sizes if s is not None)}:"
+                f" pass one set of args per trajectory, or args_axes=None to share "
+                "them."
+            )
+
     def one(m, y, a):
-        return replay(m, terms, solver, y, a, saveat=saveat, allow_other_solver=True)
+        return replay(
+            m,
+            terms,
+            solver,
+            y,
+            a,
+            saveat=saveat,
+            allow_other_solver=True,
+            stale="ignore",
+        )
 
     return jax.vmap(one, in_axes=(0, 0, args_axes))(mesh, y0, args)

@@ -103,3 +103,9 @@ def assemble(
     if layout.t1_slot is not None:
         put(layout.t1_slot, step_ends[-1], y_final)
     return ts_out, ys_out
+
+
+def caller_times(direction: Array, ts_out: Array) -> Array:
+    """Saved times in the caller's time. Unused slots stay `+inf` in both directions
+    of integration, as in `diffrax.diffeqsolve`."""
+    return jnp.where(ts_out == jnp.inf, jnp.inf, direction * ts_out)

@@ -8,12 +8,13 @@ import jax.tree_util as jtu
 from diffrax._saveat import save_y as _save_y  # the default SaveAt fn
 
 from ._adjoint import adjoint_loop
+from ._diagnose import is_concrete, throw_eagerly, throw_in_graph
 from ._mesh import RecordedMesh
 from ._problem import LeafProblem, check_concrete_inputs, has_jump_ts, prepare
 from ._record import record_loop
 from ._saving import SavePlan
 from ._solution import Solution
-from ._solver.base import AbstractExplicitSolver
+from ._solver.base import AbstractGradsolveSolver
 
 
 _FAST_CONTROLLERS = (
@@ -38,7 +39,7 @@ def fallback_reason(
     made_jump,
 ) -> str | None:
     """Why a solve cannot take the fast path (`None` if it can)."""
-    if not isinstance(solver, AbstractExplicitSolver):
+    if not isinstance(solver, AbstractGradsolveSolver):
         return f"the solver is {type(solver).__name__}, not a gradsolve solver"
     if type(terms) is not diffrax.ODETerm:
         return "the terms are not a single diffrax.ODETerm"
@@ -167,42 +168,6 @@ def _prepare_and_convert(terms, t0, t1, dt0, y0, args, saveat):
     return prepared, f
 
 
-def _max_steps_messages(max_steps) -> list[str]:
-    """One message per percent of the interval reached (an error message must be
-    static, so the place is chosen from a list by a traced index)."""
-    return [
-        f"max_steps={max_steps} was reached {percent}% of the way from t0 to t1. "
-        "Raise max_steps, loosen rtol/atol, or, if the problem is stiff, use a "
-        "stiff solver (e.g. diffrax.Kvaerno5, which gs.diffeqsolve runs through its "
-        "Diffrax fallback)."
-        for percent in range(101)
-    ]
-
-
-def _throw(out, result, max_steps, valid, mesh, t0, t1):
-    # The mesh is padded with the last time reached.
-    span = jnp.where(t1 == t0, 1, t1 - t0)
-    fraction = (mesh.ts[-1] - t0) / span
-    percent = jnp.clip(jnp.floor(100 * fraction), 0, 100).astype(jnp.int32)
-    out = eqx.branched_error_if(
-        out,
-        valid & (result == diffrax.RESULTS.max_steps_reached),
-        percent,
-        _max_steps_messages(max_steps),
-    )
-    out = eqx.error_if(
-        out,
-        valid & (result == diffrax.RESULTS.dt_min_reached),
-        "The step size fell below dtmin (PIDController(force_dtmin=False)). Lower "
-        "dtmin, loosen rtol/atol, or check the vector field for a singularity.",
-    )
-    return eqx.error_if(
-        out,
-        valid & (result != diffrax.RESULTS.successful),
-        "The solve failed; inspect sol.result with throw=False.",
-    )
-
-
 @eqx.filter_jit
 def _fast_diffeqsolve(
     terms, solver, t0, t1, dt0, y0, args, saveat, stepsize_controller, max_steps, throw
@@ -222,7 +187,7 @@ def _fast_diffeqsolve(
     )
     ys = out.ys
     if throw:
-        ys = _throw(
+        ys = throw_in_graph(
             ys,
             out.result,
             max_steps,
@@ -267,12 +232,12 @@ def diffeqsolve(
     """Solve an ODE; a drop-in replacement for `diffrax.diffeqsolve`.
 
     Takes the same arguments with the same defaults. With a gradsolve solver
-    (`gs.Tsit5()`, `gs.Dopri5()`), a `diffrax.ODETerm`, a `PIDController`,
-    `ConstantStepSize` or `StepTo` controller and `SaveAt(t0, t1, ts, steps)`, it
-    records the accepted steps (the same steps Diffrax takes) and returns them as
-    `sol.mesh`; `jax.grad` through it is the exact discrete adjoint over those steps
-    (the derivative Diffrax returns by default), computed in time proportional to the
-    number of accepted steps.
+    (`gs.Tsit5()`, `gs.Dopri5()`, `gs.Rodas5()`, `gs.Rodas5P()`), a
+    `diffrax.ODETerm`, a `PIDController`, `ConstantStepSize` or `StepTo` controller
+    and `SaveAt(t0, t1, ts, steps)`, it records the accepted steps (the same steps
+    Diffrax takes) and returns them as `sol.mesh`; `jax.grad` through it is the
+    exact discrete adjoint over those steps (the derivative Diffrax returns by
+    default), computed in time proportional to the number of accepted steps.
 
     Anything else (a Diffrax solver, other terms, `SaveAt(dense=True)` or `fn`,
     events, another `adjoint`, a progress meter, ...) is passed unchanged to
@@ -319,7 +284,9 @@ def diffeqsolve(
             made_jump=made_jump,
         )
     check_concrete_inputs(t0, t1, dt0, y0, args, saveat)
-    return _fast_diffeqsolve(
+    # Called eagerly, a failure is explained on the host (with its time and cause).
+    eager = throw and is_concrete(terms, t0, t1, dt0, y0, args, saveat)
+    sol = _fast_diffeqsolve(
         terms,
         solver,
         t0,
@@ -330,8 +297,23 @@ def diffeqsolve(
         saveat,
         stepsize_controller,
         max_steps,
-        throw,
+        throw and not eager,
     )
+    if eager:
+        ys = throw_eagerly(
+            sol.ys,
+            sol.mesh,
+            sol.stats,
+            sol.t0,
+            sol.t1,
+            terms,
+            solver,
+            y0,
+            args,
+            max_steps,
+        )
+        sol = eqx.tree_at(lambda s: s.ys, sol, ys)
+    return sol
 
 
 @eqx.filter_jit
@@ -357,7 +339,7 @@ def _fast_record(
     )
     mesh = out.mesh
     if throw:
-        mesh = _throw(
+        mesh = throw_in_graph(
             mesh,
             out.result,
             max_steps,
@@ -414,11 +396,12 @@ def record(
     if reason is not None:
         raise ValueError(
             f"gs.record cannot record this solve: {reason}. It records gradsolve "
-            "solvers (gs.Tsit5(), gs.Dopri5()) on a diffrax.ODETerm with a "
-            "PIDController, ConstantStepSize or StepTo controller."
+            "solvers (gs.Tsit5(), gs.Dopri5(), gs.Rodas5()) on a diffrax.ODETerm "
+            "with a PIDController, ConstantStepSize or StepTo controller."
         )
     check_concrete_inputs(t0, t1, dt0, y0, args, saveat)
-    return _fast_record(
+    eager = throw and is_concrete(terms, t0, t1, dt0, y0, args, saveat)
+    mesh = _fast_record(
         terms,
         solver,
         t0,
@@ -429,5 +412,10 @@ def record(
         saveat,
         stepsize_controller,
         max_steps,
-        throw,
+        throw and not eager,
     )
+    if eager:
+        mesh = throw_eagerly(
+            mesh, mesh, None, t0, t1, terms, solver, y0, args, max_steps
+        )
+    return mesh

@@ -38,3 +38,33 @@ def test_readme_example_runs_and_matches_diffrax():
         return jnp.sum(ys**2)
 
     assert max_relative_error(grads, jax.grad(diffrax_loss)(params)) <= 1e-9
+
+
+def test_readme_stiff_example_matches_diffrax_running_rodas5():
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    stiff = [b for b in blocks if "gs.Rodas5()" in b]
+    assert stiff, "the README has no Rodas5 example"
+    namespace = {}
+    exec(compile(stiff[0], str(README), "exec"), namespace)
+    ns = namespace
+
+    def diffrax_loss(rates):
+        ys = jax.vmap(
+            lambda y0, k: (
+                diffrax.diffeqsolve(
+                    ns["term"],
+                    ns["solver"],
+                    0.0,
+                    1e3,
+                    None,
+                    y0,
+                    k,
+                    saveat=ns["saveat"],
+                    stepsize_controller=ns["ctrl"],
+                ).ys
+            )
+        )(ns["y0s"], rates)
+        return jnp.sum(jnp.log(ys[..., 0]))
+
+    expected = jax.jit(jax.grad(diffrax_loss))(ns["rates"])
+    assert max_relative_error(ns["grads"], expected) <= 1e-9

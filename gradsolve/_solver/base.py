@@ -1,11 +1,14 @@
-"""The explicit Runge--Kutta step that record, replay and the adjoint all share."""
+"""What record, replay and the adjoint need of a solver, and the explicit Runge--Kutta
+step they share."""
 
+import abc
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import diffrax
+import equinox as eqx
 import numpy as np
 
 from .._custom_types import LeafField, Leaves
@@ -107,7 +110,43 @@ def explicit_rk_step(
     return y1, y_error, ks, fs[-1]
 
 
-class AbstractExplicitSolver(diffrax.AbstractERK):
+class AbstractGradsolveSolver(eqx.Module):
+    """A solver whose steps gradsolve can record, replay and differentiate.
+
+    Concrete solvers are also complete Diffrax solvers. For gradsolve they provide:
+
+    - `step_leaves`: one step on the state as a list of leaves (or scalar components,
+        see `_components.py`);
+    - `fsal`: whether the field at the end of a step is the next step's first stage;
+    - `interpolation_cls`, whose `weights(theta)` give the dense output as a linear
+        combination of `y0`, `y1` and the step's dense data (`step_leaves`' third
+        output).
+    """
+
+    interpolation_cls: eqx.AbstractClassVar[
+        Callable[..., diffrax.AbstractLocalInterpolation]
+    ]
+
+    @property
+    @abc.abstractmethod
+    def fsal(self) -> bool:
+        """Whether `step_leaves` returns the field at the end of the step, to be
+        passed as the next step's `f0`."""
+
+    @abc.abstractmethod
+    def step_leaves(
+        self, vf: LeafField, t0, t1, direction, y0: Leaves, f0: Leaves | None
+    ) -> tuple[Leaves, Leaves, list[Leaves], Leaves | None]:
+        """One step from `t0` to `t1` (internal, increasing time; the caller's time is
+        `direction * t`), with `f0` the field at the start when known.
+
+        Returns `(y1, y_error, dense, f1)`: the new state, the embedded error
+        estimate, the data of the dense output and, for an FSAL solver, the field at
+        the end of the step (else `None`).
+        """
+
+
+class AbstractExplicitSolver(diffrax.AbstractERK, AbstractGradsolveSolver):
     """An explicit Runge--Kutta solver that gradsolve can record and replay.
 
     It is also a complete `diffrax` solver: `diffrax.diffeqsolve(term, gs.Tsit5(), ...)`
@@ -122,7 +161,14 @@ class AbstractExplicitSolver(diffrax.AbstractERK):
     tableau: ClassVar[diffrax.ButcherTableau]
     interpolation_cls: ClassVar[Callable[..., diffrax.AbstractLocalInterpolation]]
 
+    @property
+    def fsal(self) -> bool:
+        return self.coefficients().fsal
+
     @classmethod
     @functools.cache
     def coefficients(cls) -> Coefficients:
         return Coefficients.from_tableau(cls.tableau)
+
+    def step_leaves(self, vf, t0, t1, direction, y0, f0):
+        return explicit_rk_step(self.coefficients(), vf, t0, t1, direction, y0, f0)

@@ -1,0 +1,200 @@
+"""Bad inputs and faults: what `diffrax.diffeqsolve` does on the same input, or a
+clear error that names the time, the cause and the fix. (See the README's table.)"""
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import gradsolve as gs
+
+from .helpers import PROBLEMS
+
+
+LV = PROBLEMS["lotka_volterra"]
+TERM = diffrax.ODETerm(LV.f)
+CTRL = diffrax.PIDController(rtol=1e-6, atol=1e-6)
+
+
+def _both(term=TERM, t0=0.0, t1=6.0, dt0=None, y0=LV.y0, args=LV.args, **kwargs):
+    kwargs.setdefault("stepsize_controller", CTRL)
+    ours = gs.diffeqsolve(term, gs.Tsit5(), t0, t1, dt0, y0, args, **kwargs)
+    theirs = diffrax.diffeqsolve(term, diffrax.Tsit5(), t0, t1, dt0, y0, args, **kwargs)
+    return ours, theirs
+
+
+def _assert_same(ours, theirs, rtol=1e-10):
+    for a, b in zip(jax.tree.leaves(ours.ys), jax.tree.leaves(theirs.ys)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=rtol)
+    np.testing.assert_array_equal(ours.ts, theirs.ts)
+    assert ours.result == theirs.result
+    for key in ("num_accepted_steps", "num_rejected_steps"):
+        assert ours.stats[key] == theirs.stats[key]
+
+
+@pytest.mark.parametrize(
+    "saveat",
+    [
+        diffrax.SaveAt(t1=True),
+        diffrax.SaveAt(t0=True, ts=jnp.array([0.0, 0.0])),
+        diffrax.SaveAt(steps=True),
+    ],
+    ids=["t1", "ts", "steps"],
+)
+def test_t0_equal_to_t1_returns_y0_as_diffrax(saveat):
+    ours, theirs = _both(t1=0.0, saveat=saveat, max_steps=8)
+    _assert_same(ours, theirs, rtol=0)
+    mesh = gs.record(
+        TERM, gs.Tsit5(), 1.0, 1.0, None, LV.y0, LV.args, stepsize_controller=CTRL
+    )
+    assert mesh.num_steps == 0
+    jac = jax.jacrev(lambda y0: gs.replay(mesh, TERM, gs.Tsit5(), y0, LV.args).ys[0])
+    np.testing.assert_array_equal(jac(LV.y0), np.eye(2))
+
+
+def test_unused_step_slots_are_plus_inf_backwards_as_in_diffrax():
+    ours, theirs = _both(t0=6.0, t1=0.0, saveat=diffrax.SaveAt(steps=True))
+    # Step times agree to the round-off of the error estimate (see README).
+    np.testing.assert_allclose(ours.ts, theirs.ts, rtol=1e-8)
+    np.testing.assert_array_equal(ours.ts == jnp.inf, theirs.ts == jnp.inf)
+    assert ours.ts[-1] == jnp.inf
+
+
+@pytest.mark.parametrize(
+    "y0,args,times",
+    [
+        (jnp.array([1, 2]), LV.args, (0.0, 6.0)),  # integer y0: cast to float
+        (jnp.array([1, 2]), LV.args.astype(jnp.float32), (0.0, 6.0)),
+        (LV.y0.astype(jnp.float32), LV.args, (0.0, 6.0)),  # promoted to float64
+        (LV.y0, LV.args, (0, 6)),  # integer times
+    ],
+    ids=["int_y0", "int_y0_f32_args", "f32_y0_f64_args", "int_times"],
+)
+def test_integer_and_mixed_dtypes_as_diffrax(y0, args, times):
+    ours, theirs = _both(t0=times[0], t1=times[1], y0=y0, args=args)
+    _assert_same(ours, theirs)
+
+
+def test_mixed_dtype_pytree_state_as_diffrax():
+    term = diffrax.ODETerm(lambda t, y, a: (-y[0], -2 * y[1]))
+    y0 = (jnp.array(1.0, jnp.float32), jnp.array([1.0, 2.0]))
+    ours, theirs = _both(term=term, y0=y0, args=None)
+    _assert_same(ours, theirs)
+
+
+def test_float32_throughout_keeps_float32():
+    y0, args = LV.y0.astype(jnp.float32), LV.args.astype(jnp.float32)
+    t0, t1 = jnp.float32(0.0), jnp.float32(6.0)
+    ours, theirs = _both(t0=t0, t1=t1, y0=y0, args=args)
+    assert ours.ys.dtype == theirs.ys.dtype == jnp.float32
+    # Step counts may differ by one at float32 round-off; values agree to tolerance.
+    np.testing.assert_allclose(ours.ys, theirs.ys, rtol=1e-4)
+
+
+def test_empty_ensemble():
+    """Zero trajectories: empty outputs (Diffrax fails to trace this case)."""
+    y0s, ps = jnp.zeros((0, 2)), jnp.zeros((0, 4))
+    record = lambda y0, p: gs.record(
+        TERM, gs.Tsit5(), 0.0, 6.0, None, y0, p, stepsize_controller=CTRL
+    )
+    mesh = jax.vmap(record)(y0s, ps).trim()
+    assert mesh.ts.shape[0] == 0
+    loss = lambda p: jnp.sum(
+        gs.replay(mesh, TERM, gs.Tsit5(), y0s, p, args_axes=0, stale="error").ys
+    )
+    assert jax.grad(loss)(ps).shape == (0, 4)
+    sol = jax.vmap(
+        lambda y0, p: (
+            gs.diffeqsolve(
+                TERM, gs.Tsit5(), 0.0, 6.0, None, y0, p, stepsize_controller=CTRL
+            ).ys
+        )
+    )(y0s, ps)
+    assert sol.shape == (0, 1, 2)
+
+
+def test_mismatched_mesh_and_ensemble():
+    y3, p3 = jnp.stack([LV.y0] * 3), jnp.stack([LV.args] * 3)
+    record = lambda y0, p: gs.record(
+        TERM, gs.Tsit5(), 0.0, 6.0, None, y0, p, stepsize_controller=CTRL
+    )
+    mesh = jax.vmap(record)(y3, p3)
+    with pytest.raises(ValueError, match="holds 3 trajectories but y0"):
+        gs.replay(mesh, TERM, gs.Tsit5(), y3[:2], p3, args_axes=0)
+    with pytest.raises(ValueError, match="holds 3 trajectories but args"):
+        gs.replay(mesh, TERM, gs.Tsit5(), y3, p3[:2], args_axes=0)
+    with pytest.raises(ValueError, match="one or two axes"):
+        gs.replay(jax.tree.map(lambda x: x[None], mesh), TERM, gs.Tsit5(), y3, p3)
+
+
+def _fails(f, t1, match, **kwargs):
+    """Same result code as Diffrax without `throw`; a named error with it."""
+    term = diffrax.ODETerm(f)
+    ours, theirs = _both(
+        term=term, t1=t1, y0=jnp.array([1.0]), args=None, throw=False, **kwargs
+    )
+    assert ours.result == theirs.result != diffrax.RESULTS.successful
+    with pytest.raises(ValueError, match=match):
+        gs.diffeqsolve(
+            term,
+            gs.Tsit5(),
+            0.0,
+            t1,
+            None,
+            jnp.array([1.0]),
+            stepsize_controller=kwargs.get("stepsize_controller", CTRL),
+            max_steps=kwargs.get("max_steps", 4096),
+        )
+    return ours, theirs
+
+
+def test_nan_mid_solve_recovers_as_diffrax():
+    """NaN in a short window: the step that meets it is rejected and shrunk."""
+    f = lambda t, y, a: -y + jnp.where(jnp.abs(t - 0.45) < 0.05, jnp.nan, 0.0)
+    ours, theirs = _both(
+        term=diffrax.ODETerm(f), t1=1.0, y0=jnp.array([1.0]), args=None
+    )
+    _assert_same(ours, theirs)
+    assert ours.stats["num_rejected_steps"] > 0
+    np.testing.assert_allclose(ours.ys[-1], jnp.exp(-1.0), rtol=1e-5)
+
+
+def test_nan_mid_solve_that_never_recovers():
+    """sqrt(1 - t) is NaN past t = 1: the error names the time and the cause."""
+    _fails(
+        lambda t, y, a: -y * jnp.sqrt(1.0 - t),
+        2.0,
+        r"max_steps=4096 was reached at t=(1|0\.99\d*) \((49|50)% .*vector field "
+        r"returns NaN or inf at t=1.*square root",
+    )
+
+
+def test_singularity_and_blow_up():
+    _fails(
+        lambda t, y, a: jnp.ones_like(y) / (t - 0.5),
+        1.0,
+        r"reached at t=0\.5 .*step size shrank to .* singular",
+    )
+    _fails(lambda t, y, a: y**2, 2.0, r"reached at t=1\.0000\d* .*blow-up")
+
+
+def test_stiff_problem_on_an_explicit_solver():
+    _fails(
+        lambda t, y, a: -1e6 * (y - jnp.cos(t)),
+        10.0,
+        r"max_steps=500 was reached at t=.*looks stiff.*stability limit.*"
+        r"gs\.Rodas5\(\)",
+        max_steps=500,
+    )
+
+
+def test_dtmin_reached_names_the_time():
+    ctrl = diffrax.PIDController(rtol=1e-6, atol=1e-6, dtmin=1e-3, force_dtmin=False)
+    _fails(
+        lambda t, y, a: y**2,
+        2.0,
+        r"step size fell below dtmin at t=0\.99\d* .*Lower dtmin",
+        stepsize_controller=ctrl,
+    )
