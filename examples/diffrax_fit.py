@@ -2,11 +2,12 @@
 
 Used by `fit_lotka_volterra.py`, by `benchmarks/fit_benchmark.py` and by the tests.
 Every optimiser iteration solves the ensemble adaptively with `diffrax.diffeqsolve`
-and differentiates that solve: with the default adjoint
-(`RecursiveCheckpointAdjoint`, reverse mode) for `jac="bwd"`, and with
-`diffrax.DirectAdjoint()` for `jac="fwd"` (the default adjoint refuses forward
-mode). The Jacobian is assembled trajectory by trajectory exactly as `gs.fit` does
-it, so that the two fits differ only in how the ODE is solved and differentiated.
+(vmapped, compiled once) and differentiates that solve. The Jacobian is assembled
+from per-trajectory blocks exactly as `gs.fit` does it (same block mode, chosen by
+the same rule), so that the two fits differ only in how the ODE is solved and
+differentiated: forward-mode blocks differentiate through `diffrax.ForwardMode()`
+(Diffrax's adjoint for forward-mode autodiff), reverse-mode blocks through the
+default `RecursiveCheckpointAdjoint`.
 """
 
 import time
@@ -16,7 +17,8 @@ import equinox as eqx
 import jax
 import optimistix as optx
 
-from gradsolve._fit_jacobian import ensemble_residuals  # gs.fit's Jacobian assembly
+# gs.fit's Jacobian assembly and its choice of block mode:
+from gradsolve._fit_jacobian import block_mode, ensemble_residuals
 
 
 def diffrax_fit(
@@ -38,15 +40,22 @@ def diffrax_fit(
     iterations, seconds)`; the time includes compilation (call twice to exclude it).
     """
     start = time.perf_counter()
+    term = diffrax.ODETerm(f)
+
+    def one_residual(params, y0, data_i):  # shapes only, to choose the block mode
+        return jax.numpy.zeros_like(data_i)
+
+    mode = block_mode(one_residual, params0, None, (y0s, data))
     adjoint = (
-        diffrax.DirectAdjoint() if jac == "fwd" else diffrax.RecursiveCheckpointAdjoint()
+        diffrax.ForwardMode() if mode == "fwd" else diffrax.RecursiveCheckpointAdjoint()
     )
     sol = _solve(
-        diffrax.ODETerm(f),
+        term,
         stepsize_controller,
         optimiser,
         adjoint,
         jac,
+        mode,
         max_steps,
         max_iterations,
         params0,
@@ -62,7 +71,7 @@ def diffrax_fit(
 
 @eqx.filter_jit
 def _solve(
-    term, controller, optimiser, adjoint, jac, max_steps, max_iterations, params0,
+    term, controller, optimiser, adjoint, jac, mode, max_steps, max_iterations, params0,
     y0s, t0, ts, data,
 ):  # fmt: skip
     def one(params, y0, data_i):
@@ -83,7 +92,7 @@ def _solve(
 
     def residuals(params, _):
         return ensemble_residuals(
-            params, fn=one, in_axes=None, inputs=(y0s, data), mode=jac
+            params, fn=one, in_axes=None, inputs=(y0s, data), mode=mode
         )
 
     if isinstance(optimiser, optx.AbstractMinimiser):

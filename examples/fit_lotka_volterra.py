@@ -1,4 +1,4 @@
-"""Fit Lotka-Volterra parameters to 64 noisy experiments; compare with Diffrax gradients.
+"""Fit Lotka-Volterra parameters to 64 noisy experiments, timed against Diffrax.
 
     python examples/fit_lotka_volterra.py            # 64 experiments, both jac modes
     python examples/fit_lotka_volterra.py --n 16 --jac fwd --plot lv.png
@@ -130,7 +130,9 @@ def main(n=64, jacs=("fwd", "bwd"), plot_path="fit_lotka_volterra.png"):
     """Run the fits; print and return their parameters, errors and timings."""
     y0s, ts, data = make_data(n)
     print(f"Lotka-Volterra: {n} experiments, {len(ts)} times, 5% noise, float64")
-    print(f"true parameters  {np.asarray(TRUE_PARAMS)}, initial guess {np.asarray(GUESS)}")
+    print(
+        f"true parameters  {np.asarray(TRUE_PARAMS)}, initial guess {np.asarray(GUESS)}"
+    )
     results = {}
     for jac in jacs:
         start = time.perf_counter()
@@ -160,7 +162,9 @@ def main(n=64, jacs=("fwd", "bwd"), plot_path="fit_lotka_volterra.png"):
         print(f"\njac={jac!r}  gs.fit: {optx.RESULTS[fit.result] or 'successful'}")
         print(f"  fitted parameters      {np.asarray(fit.params)}")
         print(f"  largest relative error {100 * error:.2f}% of the true values")
-        print(f"  Diffrax-gradient fit   {np.asarray(p_dfx)} (relative gap {agree:.1e})")
+        print(
+            f"  Diffrax-gradient fit   {np.asarray(p_dfx)} (relative gap {agree:.1e})"
+        )
         print(
             f"  gs.fit: {fit.stats['rounds']} optimiser runs, {fit.stats['records']} "
             f"meshes, {fit.stats['iterations']} iterations; Diffrax fit: "

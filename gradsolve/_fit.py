@@ -58,11 +58,13 @@ def _record(problem: FitProblem, params, controller, dt0, max_steps):
 
 
 @eqx.filter_jit
-def _round(problem: FitProblem, optimiser, jac, max_iterations, params, mesh):
-    """One optimiser run on the residuals replayed over a fixed mesh."""
+def _round(problem: FitProblem, optimiser, jac, mode, max_iterations, params, mesh):
+    """One optimiser run on the residuals replayed over a fixed mesh; `mode` is how
+    the Jacobian blocks are computed (`None`: no blocks, see `FitProblem.residuals`).
+    """
 
     def residuals(p, mesh):
-        return problem.residuals(p, mesh, jac)
+        return problem.residuals(p, mesh, mode)
 
     if isinstance(optimiser, optx.AbstractMinimiser):
         options = {"autodiff_mode": jac}
@@ -157,9 +159,16 @@ def fit(
     - `optimiser`: an `optimistix.AbstractLeastSquaresSolver` (`LevenbergMarquardt`,
         `GaussNewton`, `Dogleg`, ...) or an `optimistix.AbstractMinimiser` (`BFGS`,
         ...), which then minimises the sum of squared residuals.
-    - `jac`: `"fwd"` or `"bwd"`: the autodiff mode of the Jacobian (least squares)
-        or gradient (minimisers). Both differentiate the replay; `"fwd"` is usually
-        cheaper when the parameters are few.
+    - `jac`: `"fwd"` or `"bwd"`: how Optimistix differentiates the residuals
+        (least squares: `jax.linearize` or a materialised `jax.jacrev`; minimisers:
+        the autodiff mode of the gradient). For least squares the Jacobian is
+        assembled from per-trajectory blocks, each computed by differentiating that
+        trajectory's replay in the mode that needs fewer passes (forward mode when a
+        trajectory has more residuals than entries of the fit variable it depends on,
+        as in most fits), so both give the same Jacobian at nearly the same cost;
+        `"bwd"` adds the materialisation (cost: residuals squared times
+        parameters). A minimiser with `"bwd"` gets its gradient from one reverse
+        pass through the replay, the cheapest choice for many parameters.
     - `observe`: `observe(y, params) -> array`, what is measured of a state (with
         that trajectory's parameters); default: the state itself.
     - `weights`: optional non-negative weights broadcastable to `data`'s shape; the
@@ -188,7 +197,9 @@ def fit(
     start = time.perf_counter()
     if jac not in ("fwd", "bwd"):
         raise ValueError(f'jac must be "fwd" or "bwd"; got {jac!r}.')
-    if not isinstance(optimiser, optx.AbstractLeastSquaresSolver | optx.AbstractMinimiser):
+    if not isinstance(
+        optimiser, optx.AbstractLeastSquaresSolver | optx.AbstractMinimiser
+    ):
         raise TypeError(
             "optimiser must be an Optimistix least-squares solver (e.g. "
             "optx.LevenbergMarquardt) or minimiser (e.g. optx.BFGS); got "
@@ -232,13 +243,24 @@ def fit(
 
     mesh = record_at(params)
     stats["records"] += 1
+    mode = None
+    if mesh is not None and not (
+        isinstance(optimiser, optx.AbstractMinimiser) and jac == "bwd"
+    ):
+        mode = problem.block_mode(params, mesh)
     converged = False
     for round_ in range(max_rounds):
         if mesh is None:
             result = optx.RESULTS.nonlinear_divergence
             break
         new, code, steps, ratio, norm = _round(
-            problem, optimiser, jac, max_iterations, params, mesh
+            problem,
+            optimiser,
+            jac,
+            mode,
+            max_iterations,
+            params,
+            mesh,
         )
         stats["rounds"] += 1
         stats["iterations"] += int(steps)

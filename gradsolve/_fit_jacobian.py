@@ -6,12 +6,15 @@ for the Jacobian of all residuals at once: `jax.jacrev` of an ensemble of `B`
 trajectories with `R` residuals each would pull back `B * R` cotangents through the
 whole ensemble (`B` times too much work), and `jax.jacfwd` pushes every
 per-trajectory entry's tangent through every trajectory. Here each trajectory's
-Jacobian block is computed alone (vmapped over the ensemble), in the requested
-mode, and the ensemble Jacobian is the contraction of those blocks: a `custom_jvp`
-whose tangent is linear in the blocks, so Optimistix's `jax.linearize` (`jac="fwd"`)
-and `jax.jacrev` (`jac="bwd"`) both get it for the cost of the blocks.
+Jacobian block is computed alone (vmapped over the ensemble), in the mode that needs
+fewer passes (forward when a trajectory has more residuals than entries it depends
+on, the usual case of a fit), and the ensemble Jacobian is the contraction of those
+blocks: a `custom_jvp` whose tangent is linear in the blocks, so Optimistix's
+`jax.linearize` (`jac="fwd"`) and `jax.jacrev` (`jac="bwd"`) both get it for the
+cost of the blocks.
 """
 
+import math
 from collections.abc import Callable
 
 import equinox as eqx
@@ -20,14 +23,80 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 
+def _size(tree) -> int:
+    return sum(math.prod(x.shape) for x in jtu.tree_leaves(tree))
+
+
+def block_mode(fn: Callable, params, in_axes, inputs) -> str:
+    """`"fwd"` or `"bwd"`: the mode that computes one trajectory's Jacobian block in
+    fewer passes (one per entry of `params` it depends on, or one per residual)."""
+    one = jax.eval_shape(
+        lambda p, *i: jax.vmap(fn, in_axes=(in_axes,) + (0,) * len(i))(p, *i),
+        params,
+        *inputs,
+    )
+    batch = jtu.tree_leaves(one)[0].shape[0]
+    residuals = _size(one) // batch
+    # One trajectory's entries: the shared leaves whole, the mapped ones sliced.
+    entries = jax.eval_shape(
+        jax.vmap(lambda p: p, in_axes=(in_axes,), axis_size=batch), params
+    )
+    per_entry = _size(entries) // batch
+    return "fwd" if per_entry <= residuals else "bwd"
+
+
 def _jacobian(fn, mode):
-    # The residuals come back as the auxiliary output: one pass gives both.
-    pair = lambda p, *inputs: (fn(p, *inputs), fn(p, *inputs))
+    """`(params, *inputs) -> (jacobian, fn(params, *inputs))`, one primal pass."""
     if mode == "fwd":
-        return jax.jacfwd(pair, has_aux=True)
+
+        def jac_fwd(p, *inputs):
+            f = lambda q: fn(q, *inputs)
+            flat, unravel = _ravel(p)
+            basis = jnp.eye(flat.size, dtype=flat.dtype)
+            push = lambda t: jax.jvp(f, (p,), (unravel(t),))
+            out, cols = jax.vmap(push, out_axes=(None, -1))(basis)
+            return _split_columns(cols, p), out
+
+        return jac_fwd
     if mode == "bwd":
-        return jax.jacrev(pair, has_aux=True)
+
+        def jac_bwd(p, *inputs):
+            out, pull = jax.vjp(lambda q: fn(q, *inputs), p)
+            basis = jnp.eye(out.size, dtype=out.dtype).reshape((out.size,) + out.shape)
+            (rows,) = jax.vmap(pull)(basis)
+            # rows: leaves of shape (out.size,) + leaf.shape -> out.shape + leaf.shape
+            return jtu.tree_map(lambda r: r.reshape(out.shape + r.shape[1:]), rows), out
+
+        return jac_bwd
     raise ValueError(f'mode must be "fwd" or "bwd"; got {mode!r}.')
+
+
+def _ravel(tree):
+    leaves, treedef = jtu.tree_flatten(tree)
+    shapes = [x.shape for x in leaves]
+    sizes = [math.prod(s) for s in shapes]
+    flat = jnp.concatenate([jnp.ravel(x) for x in leaves])
+
+    def unravel(v):
+        parts, start = [], 0
+        for shape, size in zip(shapes, sizes):
+            parts.append(v[start : start + size].reshape(shape))
+            start += size
+        return jtu.tree_unflatten(treedef, parts)
+
+    return flat, unravel
+
+
+def _split_columns(cols, tree):
+    """Columns `out.shape + (n,)` to a PyTree like `tree` of `out.shape + leaf.shape`."""
+    leaves, treedef = jtu.tree_flatten(tree)
+    parts, start = [], 0
+    for x in leaves:
+        size = math.prod(x.shape)
+        block = cols[..., start : start + size]
+        parts.append(block.reshape(cols.shape[:-1] + x.shape))
+        start += size
+    return jtu.tree_unflatten(treedef, parts)
 
 
 def _contract(jac, tangent):
@@ -49,7 +118,8 @@ def ensemble_residuals(params, *, fn: Callable, in_axes, inputs, mode: str):
     - `fn`: `fn(params_i, *inputs_i) -> residuals_i`, one trajectory.
     - `in_axes`: the `jax.vmap` axes of `params` (`None` shared, `0` per trajectory).
     - `inputs`: a tuple of PyTrees with a leading ensemble axis (meshes, data, ...).
-    - `mode`: `"fwd"` or `"bwd"`: how each trajectory's Jacobian block is computed.
+    - `mode`: `"fwd"` or `"bwd"`: how each trajectory's Jacobian block is computed
+        (see `block_mode`).
     """
     return jax.vmap(fn, in_axes=(in_axes,) + (0,) * len(inputs))(params, *inputs)
 

@@ -14,7 +14,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jaxtyping import Array, PyTree
 
-from ._fit_jacobian import ensemble_residuals
+from ._fit_jacobian import block_mode, ensemble_residuals
 from ._mesh import RecordedMesh
 from ._replay import replay
 from ._solve import record
@@ -88,6 +88,7 @@ class FitProblem(eqx.Module):
             theta,
             saveat=diffrax.SaveAt(ts=self.ts),
             args_axes=self.params_axes,
+            stale="ignore",  # the fit checks the ratio itself
         )
         ratio = sol.stats.get("max_error_ratio")
         ratio = jnp.zeros(()) if ratio is None else jnp.max(ratio)
@@ -102,21 +103,39 @@ class FitProblem(eqx.Module):
         """One trajectory's weighted residuals, replayed over its own mesh."""
         theta, y0 = params if self.fit_y0 else (params, y0)
         sol = replay(
-            mesh, self.term, self.solver, y0, theta, saveat=diffrax.SaveAt(ts=self.ts)
+            mesh,
+            self.term,
+            self.solver,
+            y0,
+            theta,
+            saveat=diffrax.SaveAt(ts=self.ts),
+            stale="ignore",  # optimisers explore parameters where the mesh is stale
         )
         obs = jax.vmap(lambda y: self.observe(y, theta))(sol.ys)
         return sqrt_weights * (obs - data)
 
-    def residuals(self, params, mesh: RecordedMesh, mode: str):
+    def residuals(self, params, mesh: RecordedMesh, mode: str | None):
         """Weighted residuals `sqrt(w) * (observe(y) - data)` of the whole ensemble
-        (masked entries are 0), with Jacobian blocks computed in `mode`."""
+        (masked entries are 0). With `mode` `"fwd"` or `"bwd"`, their Jacobian is
+        assembled from per-trajectory blocks computed in that mode (see
+        `_fit_jacobian`); with `None` they are differentiated as written (the
+        cheapest gradient of a sum of squares in reverse mode)."""
+        inputs = (self.y0s, mesh, self.data, self.sqrt_weights)
+        if mode is None:
+            axes = (self.in_axes,) + (0,) * len(inputs)
+            return jax.vmap(self.trajectory_residuals, in_axes=axes)(params, *inputs)
         return ensemble_residuals(
             params,
             fn=self.trajectory_residuals,
             in_axes=self.in_axes,
-            inputs=(self.y0s, mesh, self.data, self.sqrt_weights),
+            inputs=inputs,
             mode=mode,
         )
+
+    def block_mode(self, params, mesh: RecordedMesh) -> str:
+        """The cheaper mode of one trajectory's Jacobian block (on the host)."""
+        inputs = (self.y0s, mesh, self.data, self.sqrt_weights)
+        return block_mode(self.trajectory_residuals, params, self.in_axes, inputs)
 
 
 def _per_trajectory_leaves(params_axes, theta) -> list:
