@@ -88,7 +88,7 @@ def _ravel(tree):
 
 
 def _split_columns(cols, tree):
-    """Columns `out.shape + (n,)` to a PyTree like `tree` of `out.shape + leaf.shape`."""
+    """Columns `out.shape + (n,)` as a PyTree like `tree`: `out.shape + leaf.shape`."""
     leaves, treedef = jtu.tree_flatten(tree)
     parts, start = [], 0
     for x in leaves:
