@@ -42,10 +42,7 @@ def diffrax_fit(
     start = time.perf_counter()
     term = diffrax.ODETerm(f)
 
-    def one_residual(params, y0, data_i):  # shapes only, to choose the block mode
-        return jax.numpy.zeros_like(data_i)
-
-    mode = block_mode(one_residual, params0, None, (y0s, data))
+    mode = block_mode(data[0].size, params0, None)
     adjoint = (
         diffrax.ForwardMode() if mode == "fwd" else diffrax.RecursiveCheckpointAdjoint()
     )

@@ -247,7 +247,7 @@ def fit(
     if mesh is not None and not (
         isinstance(optimiser, optx.AbstractMinimiser) and jac == "bwd"
     ):
-        mode = problem.block_mode(params, mesh)
+        mode = problem.block_mode(params)
     converged = False
     for round_ in range(max_rounds):
         if mesh is None:

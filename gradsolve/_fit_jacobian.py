@@ -23,26 +23,20 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 
-def _size(tree) -> int:
-    return sum(math.prod(x.shape) for x in jtu.tree_leaves(tree))
-
-
-def block_mode(fn: Callable, params, in_axes, inputs) -> str:
+def block_mode(residuals: int, params, in_axes) -> str:
     """`"fwd"` or `"bwd"`: the mode that computes one trajectory's Jacobian block in
-    fewer passes (one per entry of `params` it depends on, or one per residual)."""
-    one = jax.eval_shape(
-        lambda p, *i: jax.vmap(fn, in_axes=(in_axes,) + (0,) * len(i))(p, *i),
-        params,
-        *inputs,
-    )
-    batch = jtu.tree_leaves(one)[0].shape[0]
-    residuals = _size(one) // batch
-    # One trajectory's entries: the shared leaves whole, the mapped ones sliced.
-    entries = jax.eval_shape(
-        jax.vmap(lambda p: p, in_axes=(in_axes,), axis_size=batch), params
-    )
-    per_entry = _size(entries) // batch
-    return "fwd" if per_entry <= residuals else "bwd"
+    fewer passes: one per entry of `params` the trajectory depends on (forward), or
+    one per each of its `residuals` (reverse). From shapes only; nothing is traced.
+    """
+
+    def entries(axis, p):
+        leaves = jtu.tree_leaves(p)
+        if axis is None:
+            return sum(math.prod(jnp.shape(x)) for x in leaves)
+        return sum(math.prod(jnp.shape(x)[1:]) for x in leaves)
+
+    sizes = jtu.tree_map(entries, in_axes, params, is_leaf=lambda x: x is None)
+    return "fwd" if sum(jtu.tree_leaves(sizes)) <= residuals else "bwd"
 
 
 def _jacobian(fn, mode):

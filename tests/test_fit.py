@@ -69,9 +69,7 @@ def test_stale_mesh_is_detected_and_rerecorded(lv_data, lv_fwd):
                 stepsize_controller=ctrl,
             )
         )(y0s)
-        sol = gs.replay(
-            meshes.trim(), term, gs.Tsit5(), y0s, replay_at, stale="ignore"
-        )
+        sol = gs.replay(meshes.trim(), term, gs.Tsit5(), y0s, replay_at, stale="ignore")
         return float(jnp.max(sol.stats["max_error_ratio"]))
 
     assert ratio(lv.GUESS, lv_fwd.params) > 1  # the first mesh really is stale there
