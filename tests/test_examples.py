@@ -8,6 +8,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
 import fit_lotka_volterra  # noqa: E402
+import fit_robertson  # noqa: E402
 import neural_ode  # noqa: E402
 import swap_from_diffrax  # noqa: E402
 
@@ -38,3 +39,15 @@ def test_neural_ode(tmp_path):
 
 def test_swap_from_diffrax():
     assert swap_from_diffrax.main() < 1e-9
+
+
+def test_fit_robertson(tmp_path):
+    # Rates eleven decades apart, recorded and replayed with gs.Rodas5; the data come
+    # from Diffrax's Kvaerno5 at rtol = 1e-10 with the true rates.
+    png = tmp_path / "rob.png"
+    out = fit_robertson.main(experiments=2, num_times=10, plot_path=png)
+    assert png.stat().st_size > 0
+    assert out["success"]
+    assert out["max_relative_error"] < 0.05
+    assert out["stats"]["max_error_ratio"] <= 1
+    assert out["stats"]["validation_error"] < 1e-4
