@@ -7,9 +7,11 @@ Each experiment starts from its own initial populations; all share the parameter
 (a, b, c, d) of prey' = a x - b x y, predator' = c x y - d y. The data are the two
 populations at 20 times in [0.25, 5], with 5% multiplicative noise. `gs.fit` runs
 Levenberg-Marquardt on residuals replayed over a recorded mesh; the same Optimistix
-fit with Diffrax gradients solves and differentiates adaptively at every iteration
-(default adjoint for `jac="bwd"`, `DirectAdjoint` for `jac="fwd"`). Both are timed
-side by side, once with compilation and once without.
+fit with Diffrax gradients (`diffrax_fit.py`) solves and differentiates adaptively at
+every iteration, with the same per-trajectory Jacobian blocks (forward mode here:
+4 parameters, 40 residuals per experiment; `diffrax.ForwardMode()`). Both are timed
+side by side, once with compilation and once without; `benchmarks/fit_benchmark.py`
+repeats the timing.
 """
 
 import argparse
