@@ -15,6 +15,7 @@ from ._ensemble import (
     record_ensemble as record_ensemble,
     replay_ensemble as replay_ensemble,
 )
+from ._fit import FitResult as FitResult, fit as fit
 from ._mesh import RecordedMesh as RecordedMesh
 from ._mesh_io import load_mesh as load_mesh, save_mesh as save_mesh
 from ._replay import replay as replay

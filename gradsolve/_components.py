@@ -26,6 +26,8 @@ from jax.extend import core as jex_core
 
 # States with at most this many elements in total are held as components.
 MAX_COMPONENTS = 32
+# Matrix products needing more scalar multiplications than this stay matrix products.
+_MAX_SCALAR_PRODUCTS = 4 * MAX_COMPONENTS
 
 _ELEMENTWISE = frozenset(
     """
@@ -225,6 +227,10 @@ def _eval_comp(eqn, prim, invals, avals, out_avals):
         k = int(np.prod([avals[0].shape[i] for i in lc], dtype=int))
         a2 = a.reshape(-1, k)
         b2 = b.reshape(k, -1)
+        if a2.shape[0] * b2.shape[1] * k > _MAX_SCALAR_PRODUCTS:
+            # A large product (e.g. a neural network layer) as scalar operations
+            # would bloat the program; keep it one dot on the stacked inputs.
+            return None
         out = np.empty((a2.shape[0], b2.shape[1]), dtype=object)
         for i in range(a2.shape[0]):
             for j in range(b2.shape[1]):

@@ -79,17 +79,22 @@ class RecordedMesh(eqx.Module):
     def t1(self) -> Array:
         return self.ts[..., -1]
 
-    def trim(self) -> "RecordedMesh":
+    def trim(self, at_least: int = 0) -> "RecordedMesh":
         """Shrink the padding to the longest trajectory, rounded up to a bucket.
 
         Runs on the host (it needs concrete step counts), once per mesh, not inside
         `jax.jit`. The replay over the trimmed mesh gives the same result as over the
         original: only zero-length padding steps are removed.
 
+        **Arguments:**
+
+        - `at_least`: keep at least this many steps (if the mesh has them), e.g. the
+            `max_steps` of an earlier mesh, so that replays compiled for it are reused.
+
         **Returns:**
 
         A `RecordedMesh` whose `max_steps` is the largest `num_steps` rounded up to
-        a bucket (see `bucket_length`).
+        a bucket (see `bucket_length`), or `at_least` if that is more.
         """
         try:
             longest = int(np.max(np.asarray(self.num_steps), initial=0))
@@ -99,6 +104,7 @@ class RecordedMesh(eqx.Module):
                 "jax.jit/vmap, on a mesh returned by gs.record, once per mesh."
             ) from e
         length = bucket_length(longest, self.max_steps)
+        length = min(max(length, at_least), self.max_steps)
         ts = self.ts[..., : length + 1]
         step_starts = (
             None if self.step_starts is None else self.step_starts[..., :length]

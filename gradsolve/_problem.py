@@ -93,7 +93,7 @@ def check_finite(tree, name: str):
 def check_vector_field(f, t0, y0, args):
     """Trace `f` once and compare its output with `y0`: structure, shape, dtype."""
     try:
-        out = jax.eval_shape(f, t0, y0, args)
+        out = eqx.filter_eval_shape(f, t0, y0, args)  # args may hold non-arrays
     except Exception as e:
         raise type(e)(f"Evaluating the vector field f(t0, y0, args) failed: {e}") from e
     y_struct = jax.eval_shape(lambda: y0)

@@ -322,7 +322,9 @@ def _fast_record(
 ):
     prepared = prepare(terms, t0, t1, dt0, y0, args, saveat)
     y0 = jax.lax.stop_gradient(prepared.y0)
-    args = jax.lax.stop_gradient(args)
+    args = jtu.tree_map(
+        lambda x: jax.lax.stop_gradient(x) if eqx.is_array(x) else x, args
+    )
     # The mesh does not depend on what is saved: record without saving anything.
     nothing = SavePlan(ts=None, t0=False, t1=False, steps=False)
     out = _record(

@@ -1,0 +1,302 @@
+"""`fit`: parameter estimation for ODE ensembles, Optimistix on recorded meshes."""
+
+import time
+from collections.abc import Callable
+from typing import Literal
+
+import diffrax
+import equinox as eqx
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+import optimistix as optx
+from jaxtyping import PyTree
+
+from ._fit_problem import FitProblem, make_problem
+from ._mesh import RecordedMesh
+
+
+class FitResult(eqx.Module):
+    """What [`gradsolve.fit`][] returns.
+
+    **Fields:**
+
+    - `params`: the fitted parameters, structured like `params0` (with `fit_y0=True`,
+        the pair `(params, y0s)`).
+    - `result`: an `optimistix.RESULTS` code: `successful`, or why the fit stopped
+        (`nonlinear_max_steps_reached` when the optimiser or the rounds of
+        re-recording ran out, `nonlinear_divergence` when the ODE could not be solved
+        at some parameters, `nonfinite` for NaN/inf parameters or residuals).
+        `optx.RESULTS[fit.result]` is a message.
+    - `stats`: a dict of Python numbers: `rounds` (optimiser runs), `records`
+        (ensemble meshes recorded), `stale_meshes` (rounds that ended on a mesh whose
+        replay error ratio exceeded the threshold), `iterations` (optimiser steps, all
+        rounds), `jacobian_evaluations` (one per optimiser step: a Jacobian of the
+        residuals for least-squares solvers, a gradient for minimisers),
+        `mesh_steps` (the trimmed length of the final mesh), `max_error_ratio`
+        (the replay's error ratio at `params` on the final mesh; <= 1 means the mesh
+        meets the recording tolerances there), `residual_norm` (the 2-norm of the
+        weighted residuals at `params`), `validation_error` (the largest difference
+        between the observables of a fresh adaptive solve at `params` and those of
+        the replay, relative to the largest observable), `wall_time` (seconds,
+        compilation included).
+    - `mesh`: a trimmed ensemble mesh recorded at `params` (by the validating solve;
+        `None` if the fit did not converge), for further replays near `params`.
+    """
+
+    params: PyTree
+    result: optx.RESULTS
+    stats: dict
+    mesh: RecordedMesh | None
+
+
+@eqx.filter_jit
+def _record(problem: FitProblem, params, controller, dt0, max_steps):
+    mesh = problem.record(params, controller, dt0, max_steps)
+    ok = jnp.all(mesh.result == diffrax.RESULTS.successful)
+    return mesh, ok
+
+
+@eqx.filter_jit
+def _round(problem: FitProblem, optimiser, jac, mode, max_iterations, params, mesh):
+    """One optimiser run on the residuals replayed over a fixed mesh; `mode` is how
+    the Jacobian blocks are computed (`None`: no blocks, see `FitProblem.residuals`).
+    """
+
+    def residuals(p, mesh):
+        return problem.residuals(p, mesh, mode)
+
+    if isinstance(optimiser, optx.AbstractMinimiser):
+        options = {"autodiff_mode": jac}
+    else:
+        options = {"jac": jac}
+    sol = optx.least_squares(
+        residuals,
+        optimiser,
+        params,
+        mesh,
+        options=options,
+        max_steps=max_iterations,
+        throw=False,
+    )
+    obs, ratio = problem.predict(sol.value, mesh)
+    norm = jnp.sqrt(jnp.sum((problem.sqrt_weights * (obs - problem.data)) ** 2))
+    return sol.value, sol.result, sol.stats["num_steps"], ratio, norm
+
+
+@eqx.filter_jit
+def _compare(problem: FitProblem, params, mesh, fresh_mesh):
+    # A replay over a freshly recorded mesh gives the values of the adaptive solve
+    # that recorded it (to round-off), so this compares against a fresh solve.
+    fresh, _ = problem.predict(params, fresh_mesh)
+    replayed, _ = problem.predict(params, mesh)
+    scale = jnp.maximum(jnp.max(jnp.abs(fresh)), jnp.finfo(fresh.dtype).tiny)
+    return jnp.max(jnp.abs(fresh - replayed)) / scale
+
+
+def _finite(tree) -> bool:
+    # On the host (NumPy): no dispatch of a compiled reduction per leaf.
+    leaves = [x for x in jtu.tree_leaves(tree) if eqx.is_inexact_array(x)]
+    return all(np.isfinite(np.asarray(x)).all() for x in leaves)
+
+
+def fit(
+    term: diffrax.ODETerm,
+    solver,
+    params0: PyTree,
+    y0s: PyTree,
+    ts,
+    data,
+    *,
+    stepsize_controller: diffrax.AbstractStepSizeController = diffrax.PIDController(
+        rtol=1e-8, atol=1e-8
+    ),
+    optimiser: optx.AbstractLeastSquaresSolver
+    | optx.AbstractMinimiser = optx.LevenbergMarquardt(rtol=1e-8, atol=1e-8),
+    jac: Literal["fwd", "bwd"] = "fwd",
+    observe: Callable | None = None,
+    weights=None,
+    t0=0.0,
+    dt0=None,
+    params_axes: PyTree = None,
+    fit_y0: bool = False,
+    max_error_ratio: float = 1.0,
+    max_rounds: int = 8,
+    max_iterations: int = 256,
+    max_steps: int = 4096,
+) -> FitResult:
+    """Fit the parameters of an ODE ensemble to observations, reusing recorded meshes.
+
+    Records one adaptive mesh for the whole ensemble (one `jax.vmap` of
+    [`gradsolve.record`][]), then lets an Optimistix solver minimise the weighted
+    squared residuals `observe(y(ts), params) - data` computed by
+    [`gradsolve.replay`][] over that mesh: every iteration differentiates a
+    fixed-step replay instead of an adaptive solve. After each optimiser run the
+    replay's embedded error estimate at the new parameters tells whether the mesh is
+    stale; the ensemble is then recorded again at the new parameters and the
+    optimiser restarted from them. The fit ends when a run that started on a mesh
+    recorded at the previous run's optimum converges and the mesh is still fresh
+    (error ratio <= `max_error_ratio`) at its answer, so the answer is a minimum of
+    residuals computed to the solver's tolerances. A fresh adaptive solve at the
+    final parameters validates the replayed values (`stats["validation_error"]`).
+
+    The outer loop runs on the host; each optimiser run is one compiled call,
+    reused from round to round (and by later fits with the same shapes): the mesh
+    length is rounded up to buckets (see [`gradsolve.RecordedMesh.trim`][]), so a
+    new mesh rarely needs a new compilation.
+
+    **Arguments:**
+
+    - `term`: a `diffrax.ODETerm` whose vector field is `f(t, y, params)`.
+    - `solver`: a gradsolve solver, e.g. `gs.Tsit5()`.
+    - `params0`: initial guess, any PyTree of arrays, passed to the vector field as
+        `args`. Shared by the ensemble, except the entries `params_axes` marks.
+    - `y0s`: the initial states, a PyTree whose leaves have a leading ensemble axis.
+    - `ts`: the observation times, increasing, shared by the ensemble.
+    - `data`: observations, an array of shape `(trajectories, len(ts)) +
+        observe(y, params).shape`: `data[i, j]` observes trajectory `i` at `ts[j]`.
+    - `stepsize_controller`: how meshes are recorded (default
+        `PIDController(rtol=1e-8, atol=1e-8)`).
+    - `optimiser`: an `optimistix.AbstractLeastSquaresSolver` (`LevenbergMarquardt`,
+        `GaussNewton`, `Dogleg`, ...) or an `optimistix.AbstractMinimiser` (`BFGS`,
+        ...), which then minimises the sum of squared residuals.
+    - `jac`: `"fwd"` or `"bwd"`: how Optimistix differentiates the residuals
+        (least squares: `jax.linearize` or a materialised `jax.jacrev`; minimisers:
+        the autodiff mode of the gradient). For least squares the Jacobian is
+        assembled from per-trajectory blocks, each computed by differentiating that
+        trajectory's replay in the mode that needs fewer passes (forward mode when a
+        trajectory has more residuals than entries of the fit variable it depends on,
+        as in most fits), so both give the same Jacobian at nearly the same cost;
+        `"bwd"` adds the materialisation (cost: residuals squared times
+        parameters). A minimiser with `"bwd"` gets its gradient from one reverse
+        pass through the replay, the cheapest choice for many parameters.
+    - `observe`: `observe(y, params) -> array`, what is measured of a state (with
+        that trajectory's parameters); default: the state itself.
+    - `weights`: optional non-negative weights broadcastable to `data`'s shape; the
+        residuals are scaled by `sqrt(weights)`. NaN entries of `data` are allowed
+        where the weight is 0 (missing observations).
+    - `t0`: the initial time of every trajectory (at or before `ts[0]`).
+    - `dt0`: the initial step (`None`: chosen by the controller).
+    - `params_axes`: which entries of `params0` are per trajectory: `None` (all
+        shared), `0` (all per trajectory, leading axis), or a PyTree prefix of
+        `params0` with `None`/`0` entries; the `in_axes` of a `jax.vmap`.
+    - `fit_y0`: fit the initial states too. The optimised variable, and
+        `FitResult.params`, are then the pair `(params, y0s)`, with `y0s` the initial
+        guess; the vector field and `observe` still see only `params`.
+    - `max_error_ratio`: a mesh is stale at some parameters when the replay's
+        error ratio there exceeds this (1: the recording tolerances are missed).
+    - `max_rounds`: the most optimiser runs (each after a fresh record).
+    - `max_iterations`: the most steps of one optimiser run.
+    - `max_steps`: the most steps of one trajectory's recording.
+
+    **Returns:**
+
+    A [`gradsolve.FitResult`][]: `params`, an `optimistix.RESULTS` `result`, and
+    `stats`. Failures (an unsolvable ODE at some parameters, a diverging optimiser)
+    are reported in `result`, not raised.
+    """
+    start = time.perf_counter()
+    if jac not in ("fwd", "bwd"):
+        raise ValueError(f'jac must be "fwd" or "bwd"; got {jac!r}.')
+    if not isinstance(
+        optimiser, optx.AbstractLeastSquaresSolver | optx.AbstractMinimiser
+    ):
+        raise TypeError(
+            "optimiser must be an Optimistix least-squares solver (e.g. "
+            "optx.LevenbergMarquardt) or minimiser (e.g. optx.BFGS); got "
+            f"{type(optimiser).__name__}."
+        )
+    if max_rounds < 2:
+        raise ValueError(
+            "max_rounds must be at least 2: a fit ends with an optimiser run on a "
+            "mesh recorded at the previous run's answer."
+        )
+    problem, params = make_problem(
+        term,
+        solver,
+        params0,
+        y0s,
+        ts,
+        data,
+        observe=observe,
+        weights=weights,
+        t0=t0,
+        params_axes=params_axes,
+        fit_y0=fit_y0,
+    )
+    stats = dict(rounds=0, records=0, stale_meshes=0, iterations=0)
+    result = optx.RESULTS.successful
+    mesh = None
+    ratio = norm = np.nan
+
+    length = [0]
+
+    def record_at(p):
+        if not _finite(p):
+            return None
+        mesh, ok = _record(problem, p, stepsize_controller, dt0, max_steps)
+        if not bool(ok):
+            return None
+        # Never shorter than the meshes before: the compiled optimiser run is reused.
+        mesh = mesh.trim(at_least=length[0])
+        length[0] = mesh.max_steps
+        return mesh
+
+    mesh = record_at(params)
+    stats["records"] += 1
+    mode = None
+    if mesh is not None and not (
+        isinstance(optimiser, optx.AbstractMinimiser) and jac == "bwd"
+    ):
+        mode = problem.block_mode(params)
+    converged = False
+    for round_ in range(max_rounds):
+        if mesh is None:
+            result = optx.RESULTS.nonlinear_divergence
+            break
+        new, code, steps, ratio, norm = _round(
+            problem,
+            optimiser,
+            jac,
+            mode,
+            max_iterations,
+            params,
+            mesh,
+        )
+        stats["rounds"] += 1
+        stats["iterations"] += int(steps)
+        ratio = float(ratio)
+        stale = not ratio <= max_error_ratio  # NaN counts as stale
+        stats["stale_meshes"] += int(stale)
+        if not _finite(new) or not np.isfinite(float(norm)):
+            result = optx.RESULTS.nonfinite
+            break
+        failed = code != optx.RESULTS.successful
+        if failed and not stale:
+            # The optimiser itself failed (not the mesh): report its code.
+            result, params = code, new
+            break
+        if round_ > 0 and not stale:
+            # This run started on a mesh recorded at the previous run's optimum, and
+            # the mesh still meets the tolerances at its answer.
+            params, converged = new, True
+            break
+        params = new
+        mesh = record_at(params)
+        stats["records"] += 1
+    else:
+        result = optx.RESULTS.nonlinear_max_steps_reached
+    stats["validation_error"] = np.nan
+    if converged:
+        fresh = record_at(params)
+        if fresh is None:
+            result = optx.RESULTS.nonlinear_divergence
+        else:
+            stats["validation_error"] = float(_compare(problem, params, mesh, fresh))
+    stats["jacobian_evaluations"] = stats["iterations"]
+    stats["mesh_steps"] = None if mesh is None else mesh.max_steps
+    mesh = fresh if converged else None
+    stats["max_error_ratio"] = float(ratio)
+    stats["residual_norm"] = float(norm)
+    stats["wall_time"] = time.perf_counter() - start
+    return FitResult(params=params, result=result, stats=stats, mesh=mesh)

@@ -1,0 +1,137 @@
+"""Residuals of an ensemble whose Jacobian is assembled trajectory by trajectory.
+
+Trajectory `i`'s residuals depend only on the shared parameters and on trajectory
+`i`'s own entries (its initial state, its per-trajectory parameters). Optimistix asks
+for the Jacobian of all residuals at once: `jax.jacrev` of an ensemble of `B`
+trajectories with `R` residuals each would pull back `B * R` cotangents through the
+whole ensemble (`B` times too much work), and `jax.jacfwd` pushes every
+per-trajectory entry's tangent through every trajectory. Here each trajectory's
+Jacobian block is computed alone (vmapped over the ensemble), in the mode that needs
+fewer passes (forward when a trajectory has more residuals than entries it depends
+on, the usual case of a fit), and the ensemble Jacobian is the contraction of those
+blocks: a `custom_jvp` whose tangent is linear in the blocks, so Optimistix's
+`jax.linearize` (`jac="fwd"`) and `jax.jacrev` (`jac="bwd"`) both get it for the
+cost of the blocks.
+"""
+
+import math
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+
+
+def block_mode(residuals: int, params, in_axes) -> str:
+    """`"fwd"` or `"bwd"`: the mode that computes one trajectory's Jacobian block in
+    fewer passes: one per entry of `params` the trajectory depends on (forward), or
+    one per each of its `residuals` (reverse). From shapes only; nothing is traced.
+    """
+
+    def entries(axis, p):
+        leaves = jtu.tree_leaves(p)
+        if axis is None:
+            return sum(math.prod(jnp.shape(x)) for x in leaves)
+        return sum(math.prod(jnp.shape(x)[1:]) for x in leaves)
+
+    sizes = jtu.tree_map(entries, in_axes, params, is_leaf=lambda x: x is None)
+    return "fwd" if sum(jtu.tree_leaves(sizes)) <= residuals else "bwd"
+
+
+def _jacobian(fn, mode):
+    """`(params, *inputs) -> (jacobian, fn(params, *inputs))`, one primal pass."""
+    if mode == "fwd":
+
+        def jac_fwd(p, *inputs):
+            f = lambda q: fn(q, *inputs)
+            flat, unravel = _ravel(p)
+            basis = jnp.eye(flat.size, dtype=flat.dtype)
+            push = lambda t: jax.jvp(f, (p,), (unravel(t),))
+            out, cols = jax.vmap(push, out_axes=(None, -1))(basis)
+            return _split_columns(cols, p), out
+
+        return jac_fwd
+    if mode == "bwd":
+
+        def jac_bwd(p, *inputs):
+            out, pull = jax.vjp(lambda q: fn(q, *inputs), p)
+            basis = jnp.eye(out.size, dtype=out.dtype).reshape((out.size,) + out.shape)
+            (rows,) = jax.vmap(pull)(basis)
+            # rows: leaves of shape (out.size,) + leaf.shape -> out.shape + leaf.shape
+            return jtu.tree_map(lambda r: r.reshape(out.shape + r.shape[1:]), rows), out
+
+        return jac_bwd
+    raise ValueError(f'mode must be "fwd" or "bwd"; got {mode!r}.')
+
+
+def _ravel(tree):
+    leaves, treedef = jtu.tree_flatten(tree)
+    shapes = [x.shape for x in leaves]
+    sizes = [math.prod(s) for s in shapes]
+    flat = jnp.concatenate([jnp.ravel(x) for x in leaves])
+
+    def unravel(v):
+        parts, start = [], 0
+        for shape, size in zip(shapes, sizes):
+            parts.append(v[start : start + size].reshape(shape))
+            start += size
+        return jtu.tree_unflatten(treedef, parts)
+
+    return flat, unravel
+
+
+def _split_columns(cols, tree):
+    """Columns `out.shape + (n,)` as a PyTree like `tree`: `out.shape + leaf.shape`."""
+    leaves, treedef = jtu.tree_flatten(tree)
+    parts, start = [], 0
+    for x in leaves:
+        size = math.prod(x.shape)
+        block = cols[..., start : start + size]
+        parts.append(block.reshape(cols.shape[:-1] + x.shape))
+        start += size
+    return jtu.tree_unflatten(treedef, parts)
+
+
+def _contract(jac, tangent):
+    """`sum_leaves jac_leaf . tangent_leaf` over the tangent leaves' axes."""
+    terms = [
+        jnp.tensordot(j, t, axes=t.ndim)
+        for j, t in zip(jtu.tree_leaves(jac), jtu.tree_leaves(tangent))
+    ]
+    return sum(terms[1:], terms[0])
+
+
+@eqx.filter_custom_jvp
+def ensemble_residuals(params, *, fn: Callable, in_axes, inputs, mode: str):
+    """All residuals `jax.vmap(fn, in_axes=(in_axes, 0, ...))(params, *inputs)`.
+
+    **Arguments:**
+
+    - `params`: the fit variable (any PyTree of arrays).
+    - `fn`: `fn(params_i, *inputs_i) -> residuals_i`, one trajectory.
+    - `in_axes`: the `jax.vmap` axes of `params` (`None` shared, `0` per trajectory).
+    - `inputs`: a tuple of PyTrees with a leading ensemble axis (meshes, data, ...).
+    - `mode`: `"fwd"` or `"bwd"`: how each trajectory's Jacobian block is computed
+        (see `block_mode`).
+    """
+    return jax.vmap(fn, in_axes=(in_axes,) + (0,) * len(inputs))(params, *inputs)
+
+
+@ensemble_residuals.def_jvp
+def _ensemble_residuals_jvp(primals, tangents, *, fn, in_axes, inputs, mode):
+    (params,) = primals
+    (t_params,) = tangents
+    vmap_axes = (in_axes,) + (0,) * len(inputs)
+    jac, out = jax.vmap(_jacobian(fn, mode), in_axes=vmap_axes)(params, *inputs)
+    if t_params is None:
+        return out, jnp.zeros_like(out)
+    # Symbolic zero tangents (None) become zeros, to keep the leaves aligned.
+    tangent = jtu.tree_map(
+        lambda t, p: jnp.zeros_like(p) if t is None else t,
+        t_params,
+        params,
+        is_leaf=lambda x: x is None,
+    )
+    t_out = jax.vmap(_contract, in_axes=(0, in_axes))(jac, tangent)
+    return out, t_out

@@ -1,0 +1,292 @@
+"""The residuals a fit minimises, over a recorded ensemble mesh, and their checks.
+
+Every check of the user's inputs runs on the host, before anything is compiled, and
+raises a `ValueError` that says what to change.
+"""
+
+import math
+from collections.abc import Callable
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+from jaxtyping import Array, PyTree
+
+from ._fit_jacobian import block_mode, ensemble_residuals
+from ._mesh import RecordedMesh
+from ._replay import replay
+from ._solve import record
+
+
+def _identity(y, params):
+    return y
+
+
+class FitProblem(eqx.Module):
+    """An ensemble of ODEs with observations: everything but the parameters.
+
+    Arrays (initial states, times, data, weights) are fields, so that a new data set
+    of the same shapes reuses every compiled function; the callables and the
+    ensemble layout are static.
+    """
+
+    term: diffrax.ODETerm
+    solver: object
+    y0s: PyTree[Array] | None  # None when the initial states are fitted
+    t0: Array
+    ts: Array
+    data: Array
+    sqrt_weights: Array
+    observe: Callable = eqx.field(static=True)
+    params_axes: object = eqx.field(static=True)
+    fit_y0: bool = eqx.field(static=True)
+
+    def split(self, params):
+        """`(parameters of the vector field, initial states)` of the fit variable."""
+        if self.fit_y0:
+            return params
+        return params, self.y0s
+
+    def record(self, params, controller, dt0, max_steps) -> RecordedMesh:
+        """Record every trajectory's adaptive steps (untrimmed; no exception)."""
+        theta, y0s = self.split(params)
+
+        def one(y0, p):
+            return record(
+                self.term,
+                self.solver,
+                self.t0,
+                self.ts[-1],
+                dt0,
+                y0,
+                p,
+                stepsize_controller=controller,
+                max_steps=max_steps,
+                throw=False,
+            )
+
+        return jax.vmap(one, in_axes=(0, self.params_axes))(y0s, theta)
+
+    def observed(self, theta, ys):
+        """Apply `observe(y, params)` to every saved state of every trajectory."""
+
+        def per_trajectory(ys_i, p):
+            return jax.vmap(lambda y: self.observe(y, p))(ys_i)
+
+        return jax.vmap(per_trajectory, in_axes=(0, self.params_axes))(ys, theta)
+
+    def predict(self, params, mesh: RecordedMesh):
+        """Observables at `ts` from a replay over `mesh`, and its error ratio."""
+        theta, y0s = self.split(params)
+        sol = replay(
+            mesh,
+            self.term,
+            self.solver,
+            y0s,
+            theta,
+            saveat=diffrax.SaveAt(ts=self.ts),
+            args_axes=self.params_axes,
+            stale="ignore",  # the fit checks the ratio itself
+        )
+        ratio = sol.stats.get("max_error_ratio")
+        ratio = jnp.zeros(()) if ratio is None else jnp.max(ratio)
+        return self.observed(theta, sol.ys), ratio
+
+    @property
+    def in_axes(self):
+        """The `jax.vmap` axes of the fit variable over the ensemble."""
+        return (self.params_axes, 0) if self.fit_y0 else self.params_axes
+
+    def trajectory_residuals(self, params, y0, mesh, data, sqrt_weights):
+        """One trajectory's weighted residuals, replayed over its own mesh."""
+        theta, y0 = params if self.fit_y0 else (params, y0)
+        sol = replay(
+            mesh,
+            self.term,
+            self.solver,
+            y0,
+            theta,
+            saveat=diffrax.SaveAt(ts=self.ts),
+            stale="ignore",  # optimisers explore parameters where the mesh is stale
+        )
+        obs = jax.vmap(lambda y: self.observe(y, theta))(sol.ys)
+        return sqrt_weights * (obs - data)
+
+    def residuals(self, params, mesh: RecordedMesh, mode: str | None):
+        """Weighted residuals `sqrt(w) * (observe(y) - data)` of the whole ensemble
+        (masked entries are 0). With `mode` `"fwd"` or `"bwd"`, their Jacobian is
+        assembled from per-trajectory blocks computed in that mode (see
+        `_fit_jacobian`); with `None` they are differentiated as written (the
+        cheapest gradient of a sum of squares in reverse mode)."""
+        inputs = (self.y0s, mesh, self.data, self.sqrt_weights)
+        if mode is None:
+            axes = (self.in_axes,) + (0,) * len(inputs)
+            return jax.vmap(self.trajectory_residuals, in_axes=axes)(params, *inputs)
+        return ensemble_residuals(
+            params,
+            fn=self.trajectory_residuals,
+            in_axes=self.in_axes,
+            inputs=inputs,
+            mode=mode,
+        )
+
+    def block_mode(self, params) -> str:
+        """The cheaper mode of one trajectory's Jacobian block (on the host)."""
+        return block_mode(math.prod(self.data.shape[1:]), params, self.in_axes)
+
+
+def _per_trajectory_leaves(params_axes, theta) -> list:
+    """The leaves of `theta` that `params_axes` maps over the ensemble."""
+    marked = jtu.tree_map(
+        lambda axis, p: [x for x in jtu.tree_leaves(p) if axis == 0],
+        params_axes,
+        theta,
+        is_leaf=lambda x: x is None,
+    )
+    return jtu.tree_leaves(marked)
+
+
+def _leading_sizes(tree) -> set:
+    return {np.shape(x)[0] if np.ndim(x) else None for x in jtu.tree_leaves(tree)}
+
+
+def make_problem(
+    term,
+    solver,
+    params0,
+    y0s,
+    ts,
+    data,
+    *,
+    observe,
+    weights,
+    t0,
+    params_axes,
+    fit_y0,
+) -> tuple[FitProblem, PyTree]:
+    """Check the inputs of `gs.fit` and build the problem and the initial variable."""
+    ts = jnp.asarray(ts)
+    if ts.ndim != 1 or ts.shape[0] < 1:
+        raise ValueError(
+            f"ts must be a 1-d array of observation times; got shape {ts.shape}."
+        )
+    dtype = jnp.result_type(ts.dtype, float)
+    ts = ts.astype(dtype)
+    t0 = jnp.asarray(t0, dtype)
+    ts_np = np.asarray(ts)
+    if np.any(np.diff(ts_np) <= 0) or ts_np[0] < float(t0):
+        raise ValueError(
+            f"ts must be strictly increasing and start at or after t0={float(t0)}; "
+            "sort the observation times (and data along its second axis) or lower t0."
+        )
+    if ts_np[-1] <= float(t0):
+        raise ValueError("The last observation time must lie after t0.")
+    sizes = _leading_sizes(y0s)
+    if len(sizes) != 1 or None in sizes:
+        raise ValueError(
+            "y0s must hold one initial state per trajectory: every leaf needs the "
+            f"same leading ensemble axis; got leading sizes {sorted(map(str, sizes))}."
+            " For a single trajectory use y0[None]."
+        )
+    (batch,) = sizes
+    y0s = jtu.tree_map(lambda x: jnp.asarray(x, jnp.result_type(x, dtype)), y0s)
+    if observe is None:
+        observe = _identity
+    theta0 = params0
+    try:
+        per_trajectory = _per_trajectory_leaves(params_axes, theta0)
+    except ValueError as e:
+        raise ValueError(
+            "params_axes must be None, 0, or a PyTree prefix of params0 with None "
+            f"(shared) or 0 (one entry per trajectory) at each node: {e}"
+        ) from None
+    axes_sizes = {np.shape(x)[0] if np.ndim(x) else 0 for x in per_trajectory}
+    if axes_sizes - {batch}:
+        raise ValueError(
+            f"The entries of params0 marked per-trajectory by params_axes have leading "
+            f"axis sizes {sorted(axes_sizes)} but the ensemble has {batch} "
+            "trajectories (the leading axis of y0s): give one entry per trajectory."
+        )
+    params0 = (theta0, y0s) if fit_y0 else theta0
+    data = jnp.asarray(data)
+    if not jnp.issubdtype(data.dtype, jnp.floating):
+        data = data.astype(dtype)
+    problem = FitProblem(
+        term=term,
+        solver=solver,
+        y0s=None if fit_y0 else y0s,
+        t0=t0,
+        ts=ts,
+        data=data,
+        sqrt_weights=jnp.ones((), data.dtype),
+        observe=observe,
+        params_axes=params_axes,
+        fit_y0=fit_y0,
+    )
+    theta, y0s_ = problem.split(params0)
+    one_state = jtu.tree_map(lambda x: x[0], y0s_)
+    one_theta = jax.tree.map(
+        lambda axis, p: jtu.tree_map(lambda x: x[0] if axis == 0 else x, p),
+        params_axes,
+        theta,
+        is_leaf=lambda x: x is None,
+    )
+    try:
+        out = jax.eval_shape(observe, one_state, one_theta)
+    except Exception as e:
+        raise type(e)(f"Evaluating observe(y, params) failed: {e}") from e
+    if not isinstance(out, jax.ShapeDtypeStruct):
+        raise ValueError(
+            "observe(y, params) must return one array of observables; got "
+            f"{jtu.tree_structure(out)}. Stack the observables into an array."
+        )
+    want = (batch, ts.shape[0]) + out.shape
+    if data.shape != want:
+        raise ValueError(
+            f"data has shape {data.shape}, but {batch} trajectories (y0s) observed at "
+            f"{ts.shape[0]} times (ts) with observe(y, params) of shape {out.shape} "
+            f"need data of shape {want}: data[i, j] is trajectory i observed at ts[j]."
+        )
+    sqrt_weights, data = _weights(weights, data)
+    problem = eqx.tree_at(
+        lambda p: (p.sqrt_weights, p.data), problem, (sqrt_weights, data)
+    )
+    return problem, params0
+
+
+def _weights(weights, data):
+    """`sqrt(weights)` and the data with masked entries (weight 0) set to 0.
+
+    The weights always have data's shape, so that fits with and without weights
+    share compiled code.
+    """
+    missing = ~np.isfinite(np.asarray(data))
+    if weights is None:
+        if missing.any():
+            raise ValueError(
+                f"data contains {int(missing.sum())} NaN or inf entries. Pass weights "
+                "(an array broadcastable to data's shape) with 0 at those entries to "
+                "leave them out of the fit, or remove them from data."
+            )
+        return jnp.ones(data.shape, data.dtype), data
+    weights = np.asarray(weights, dtype=np.asarray(data).dtype)
+    try:
+        weights = np.broadcast_to(weights, data.shape)
+    except ValueError:
+        raise ValueError(
+            f"weights of shape {weights.shape} do not broadcast to data's shape "
+            f"{data.shape}; pass one weight per observation (or a broadcastable shape)."
+        ) from None
+    if not np.all(np.isfinite(weights)) or np.any(weights < 0):
+        raise ValueError("weights must be finite and non-negative.")
+    unmasked = missing & (weights != 0)
+    if unmasked.any():
+        raise ValueError(
+            f"data contains {int(unmasked.sum())} NaN or inf entries whose weight is "
+            "not 0. Set weights to 0 at those entries to leave them out of the fit."
+        )
+    data = jnp.where(jnp.asarray(missing), 0, data)
+    return jnp.asarray(np.sqrt(weights)), data  # broadcast above

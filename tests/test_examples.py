@@ -1,0 +1,53 @@
+"""Each example runs at reduced size and writes its plot."""
+
+import pathlib
+import sys
+
+import numpy as np
+
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
+import fit_lotka_volterra  # noqa: E402
+import fit_robertson  # noqa: E402
+import neural_ode  # noqa: E402
+import swap_from_diffrax  # noqa: E402
+
+
+def test_fit_lotka_volterra(tmp_path):
+    png = tmp_path / "lv.png"
+    results = fit_lotka_volterra.main(n=16, jacs=("fwd", "bwd"), plot_path=png)
+    assert png.stat().st_size > 0
+    for jac in ("fwd", "bwd"):
+        r = results[jac]
+        assert r["success"] and r["diffrax_success"]
+        assert r["max_relative_error"] < 0.02
+        assert r["agreement"] < 1e-6
+        np.testing.assert_allclose(r["params"], r["diffrax_params"], rtol=1e-6)
+
+
+def test_neural_ode(tmp_path):
+    png = tmp_path / "node.png"
+    out = neural_ode.main(steps=40, n=4, plot_path=png)
+    assert png.stat().st_size > 0
+    assert out["losses"][-1] < out["losses"][0] / 2
+    # Every step used a mesh that met the training tolerance; stale meshes were
+    # recorded again, and the padded meshes kept one compiled training step.
+    assert max(out["ratios"]) <= neural_ode.STALE
+    assert out["records"] >= 2
+    assert out["mesh_lengths"] == [neural_ode.MESH_STEPS]
+
+
+def test_swap_from_diffrax():
+    assert swap_from_diffrax.main() < 1e-9
+
+
+def test_fit_robertson(tmp_path):
+    # Rates eleven decades apart, recorded and replayed with gs.Rodas5; the data come
+    # from Diffrax's Kvaerno5 at rtol = 1e-10 with the true rates.
+    png = tmp_path / "rob.png"
+    out = fit_robertson.main(experiments=2, num_times=10, plot_path=png)
+    assert png.stat().st_size > 0
+    assert out["success"]
+    assert out["max_relative_error"] < 0.05
+    assert out["stats"]["max_error_ratio"] <= 1
+    assert out["stats"]["validation_error"] < 1e-4

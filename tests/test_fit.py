@@ -1,0 +1,295 @@
+"""`gs.fit`: known parameters from synthetic noisy data, stale meshes re-recorded, the
+same answer as an Optimistix fit with Diffrax gradients, both Jacobian modes, and
+clear errors or result codes for bad input.
+
+References are the true parameters of the synthetic data (simulated by Diffrax) and
+fits computed entirely with Diffrax gradients (`examples/diffrax_fit.py`).
+"""
+
+import pathlib
+import sys
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optimistix as optx
+import pytest
+
+import gradsolve as gs
+
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+sys.path.insert(0, str(EXAMPLES))
+import fit_lotka_volterra as lv  # noqa: E402
+
+
+# A fit replays meshes at parameters where they are stale on purpose (it checks the
+# error ratio itself): no fit may warn about it.
+pytestmark = pytest.mark.filterwarnings("error::gradsolve.StaleMeshWarning")
+
+N = 16  # experiments; the examples' tests use the same size, so compilations are shared
+
+
+@pytest.fixture(scope="module")
+def lv_data():
+    return lv.make_data(N)
+
+
+@pytest.fixture(scope="module")
+def lv_fwd(lv_data):
+    return lv.fit_gradsolve(*lv_data, "fwd")
+
+
+def test_lotka_volterra_recovers_known_parameters(lv_fwd):
+    fit = lv_fwd
+    assert fit.result == optx.RESULTS.successful
+    np.testing.assert_allclose(fit.params, lv.TRUE_PARAMS, rtol=0.02)
+    assert fit.stats["max_error_ratio"] <= 1
+    # A fresh adaptive solve at the answer gives the values the fit replayed.
+    assert fit.stats["validation_error"] < 1e-7
+    assert fit.stats["rounds"] >= 2 and fit.stats["iterations"] > 0
+
+
+def test_stale_mesh_is_detected_and_rerecorded(lv_data, lv_fwd):
+    # The guess is 20% off; the steps chosen for it miss the tolerances at the answer.
+    y0s, ts, _ = lv_data
+    term, ctrl = gs.ODETerm(lv.lotka_volterra), lv.CONTROLLER
+
+    def ratio(record_at, replay_at):
+        meshes = jax.vmap(
+            lambda y0: gs.record(
+                term,
+                gs.Tsit5(),
+                0.0,
+                ts[-1],
+                None,
+                y0,
+                record_at,
+                stepsize_controller=ctrl,
+            )
+        )(y0s)
+        sol = gs.replay(meshes.trim(), term, gs.Tsit5(), y0s, replay_at, stale="ignore")
+        return float(jnp.max(sol.stats["max_error_ratio"]))
+
+    assert ratio(lv.GUESS, lv_fwd.params) > 1  # the first mesh really is stale there
+    assert lv_fwd.stats["stale_meshes"] >= 1
+    assert lv_fwd.stats["records"] >= 2
+    assert ratio(lv_fwd.params, lv_fwd.params) <= 1
+
+
+def test_fwd_and_bwd_give_the_same_fit(lv_data, lv_fwd):
+    bwd = lv.fit_gradsolve(*lv_data, "bwd")
+    assert bwd.result == optx.RESULTS.successful
+    np.testing.assert_allclose(bwd.params, lv_fwd.params, rtol=1e-7)
+
+
+def test_matches_a_fit_with_diffrax_gradients(lv_data, lv_fwd):
+    # Diffrax's default (reverse-mode) adjoint, adaptive solves at every iteration.
+    params, result, _, _ = lv.fit_diffrax(*lv_data, "bwd")
+    assert result == optx.RESULTS.successful
+    # The optimiser stops at rtol = atol = 1e-8; the two objectives differ by the
+    # solver's tolerance (different step sequences), which moves the minimum by less.
+    np.testing.assert_allclose(lv_fwd.params, params, rtol=1e-6)
+
+
+def fitzhugh_nagumo(t, y, p):
+    # Ramsay et al. (2007), "Parameter estimation for differential equations", eq. (2).
+    a, b, c = p
+    v, w = y
+    return jnp.stack([c * (v - v**3 / 3 + w), -(v - a + b * w) / c])
+
+
+def test_fitzhugh_nagumo_observing_one_component():
+    true = jnp.array([0.2, 0.2, 3.0])
+    key_y0, key_noise = jax.random.split(jax.random.PRNGKey(1))
+    y0s = jax.random.uniform(key_y0, (8, 2), minval=-1.0, maxval=1.0)
+    ts = jnp.linspace(0.5, 10.0, 25)
+
+    def simulate(y0):
+        return diffrax.diffeqsolve(
+            diffrax.ODETerm(fitzhugh_nagumo),
+            diffrax.Dopri8(),
+            0.0,
+            10.0,
+            None,
+            y0,
+            true,
+            saveat=diffrax.SaveAt(ts=ts),
+            stepsize_controller=diffrax.PIDController(rtol=1e-11, atol=1e-11),
+        ).ys[:, :1]
+
+    clean = jax.vmap(simulate)(y0s)
+    data = clean + 0.02 * jax.random.normal(key_noise, clean.shape)
+    fit = gs.fit(
+        gs.ODETerm(fitzhugh_nagumo),
+        gs.Tsit5(),
+        jnp.array([0.25, 0.15, 2.7]),
+        y0s,
+        ts,
+        data,
+        observe=lambda y, p: y[:1],  # only the voltage is measured
+    )
+    assert fit.result == optx.RESULTS.successful
+    np.testing.assert_allclose(fit.params, true, rtol=0.05, atol=0.01)
+    assert fit.stats["max_error_ratio"] <= 1
+
+
+def test_per_trajectory_parameters_and_initial_states(lv_data):
+    y0s, ts, data = lv_data
+    # The prey growth rate differs per experiment; the other rates are shared; the
+    # initial states are fitted too, from a perturbed guess.
+    growth = lv.TRUE_PARAMS[0] * (1 + 0.1 * jnp.sin(jnp.arange(N)))
+
+    def field(t, y, p):
+        return lv.lotka_volterra(t, y, jnp.concatenate([p["a"][None], p["bcd"]]))
+
+    def simulate(y0, a):
+        return diffrax.diffeqsolve(
+            diffrax.ODETerm(field),
+            diffrax.Dopri8(),
+            0.0,
+            ts[-1],
+            None,
+            y0,
+            {"a": a, "bcd": lv.TRUE_PARAMS[1:]},
+            saveat=diffrax.SaveAt(ts=ts),
+            stepsize_controller=diffrax.PIDController(rtol=1e-11, atol=1e-11),
+        ).ys
+
+    clean = jax.vmap(simulate)(y0s, growth)
+    noisy = clean * (1 + 0.005 * jax.random.normal(jax.random.PRNGKey(2), clean.shape))
+    guess = {"a": jnp.full(N, 1.3), "bcd": jnp.array([1.1, 0.9, 2.8])}
+    fit = gs.fit(
+        gs.ODETerm(field),
+        gs.Tsit5(),
+        guess,
+        y0s * 1.1,
+        ts,
+        noisy,
+        params_axes={"a": 0, "bcd": None},
+        fit_y0=True,
+    )
+    assert fit.result == optx.RESULTS.successful
+    params, fitted_y0s = fit.params
+    np.testing.assert_allclose(params["a"], growth, rtol=0.03)
+    np.testing.assert_allclose(params["bcd"], lv.TRUE_PARAMS[1:], rtol=0.02)
+    np.testing.assert_allclose(fitted_y0s, y0s, rtol=0.05)
+
+
+def test_nan_data_masked_by_zero_weights(lv_data, lv_fwd):
+    y0s, ts, data = lv_data
+    missing = np.zeros(data.shape, bool)
+    missing[::3, 5::7, 0] = True
+    weights = jnp.asarray(~missing, float)
+    with_nan = jnp.where(missing, jnp.nan, data)
+    with_junk = jnp.where(missing, 1e3, data)
+    fits = [
+        gs.fit(gs.ODETerm(lv.lotka_volterra), gs.Tsit5(), lv.GUESS, y0s, ts, d,
+               weights=weights)
+        for d in (with_nan, with_junk)
+    ]  # fmt: skip
+    assert all(f.result == optx.RESULTS.successful for f in fits)
+    np.testing.assert_allclose(fits[0].params, fits[1].params, rtol=1e-12)
+    np.testing.assert_allclose(fits[0].params, lv.TRUE_PARAMS, rtol=0.02)
+    with pytest.raises(ValueError, match="weights .* 0 at those entries"):
+        gs.fit(gs.ODETerm(lv.lotka_volterra), gs.Tsit5(), lv.GUESS, y0s, ts, with_nan)
+    partly = jnp.where(jnp.asarray(missing[..., :1]), 1.0, weights[..., :1])
+    with pytest.raises(ValueError, match="whose weight is not 0"):
+        gs.fit(gs.ODETerm(lv.lotka_volterra), gs.Tsit5(), lv.GUESS, y0s, ts, with_nan,
+               weights=jnp.broadcast_to(partly, data.shape))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(data=lambda d: d[:, :-1]), r"data has shape .* need data of shape"),
+        (dict(data=lambda d: d[:-1]), r"data has shape .* need data of shape"),
+        (dict(y0s=lambda y: y[0, 0]), "one initial state per trajectory"),
+        (dict(y0s=lambda y: y[:-1]), r"15 trajectories \(y0s\) .* need data of shape"),
+        (dict(ts=lambda t: t[::-1]), "strictly increasing"),
+        (dict(params_axes=0), "per-trajectory by params_axes"),
+        (dict(weights=-1.0), "non-negative"),
+        (dict(jac="rev"), 'jac must be "fwd" or "bwd"'),
+        (dict(max_rounds=1), "max_rounds must be at least 2"),
+    ],
+)
+def test_bad_input_gets_a_clear_error(lv_data, change, match):
+    y0s, ts, data = lv_data
+    kwargs = dict(y0s=y0s, ts=ts, data=data)
+    for key in ("y0s", "ts", "data"):
+        if key in change:
+            kwargs[key] = change.pop(key)(kwargs[key])
+    with pytest.raises(ValueError, match=match):
+        gs.fit(
+            gs.ODETerm(lv.lotka_volterra),
+            gs.Tsit5(),
+            lv.GUESS,
+            kwargs["y0s"],
+            kwargs["ts"],
+            kwargs["data"],
+            **change,
+        )
+
+
+def test_diverging_fit_returns_a_result_code():
+    # y' = p y^2 from y(0) = 1 blows up at t = 1/p: no solution reaches t = 2.
+    def blow_up(t, y, p):
+        return p * y**2
+
+    ts = jnp.linspace(0.1, 2.0, 5)
+    fit = gs.fit(
+        gs.ODETerm(blow_up),
+        gs.Tsit5(),
+        jnp.array(1.0),
+        jnp.ones((3, 1)),
+        ts,
+        jnp.ones((3, 5, 1)),
+        max_steps=64,
+    )
+    assert fit.result == optx.RESULTS.nonlinear_divergence
+    assert fit.mesh is None
+    assert "diverged" in optx.RESULTS[fit.result]
+
+
+def test_jacobian_blocks_match_autodiff_of_the_ensemble():
+    # The block-assembled Jacobian (both block modes, seen through jax.jacfwd and
+    # jax.jacrev) against JAX differentiating the plain vmapped residuals.
+    from gradsolve._fit_jacobian import block_mode, ensemble_residuals
+
+    def fn(p, x):
+        return jnp.sin(p["s"][0] * x) * p["t"][0] + p["s"][1] * p["t"][1] ** 2 * x**2
+
+    key_x, key_s, key_t = jax.random.split(jax.random.PRNGKey(3), 3)
+    x = jax.random.normal(key_x, (5, 3))  # 5 trajectories, 3 residuals each
+    params = {
+        "s": jax.random.normal(key_s, (2,)),  # shared
+        "t": jax.random.normal(key_t, (5, 2)),  # per trajectory
+    }
+    in_axes = {"s": None, "t": 0}
+    plain = jax.vmap(fn, in_axes=(in_axes, 0))
+    expected = jax.jacfwd(plain)(params, x)
+    for mode in ("fwd", "bwd"):
+        f = lambda p: ensemble_residuals(
+            p, fn=fn, in_axes=in_axes, inputs=(x,), mode=mode
+        )
+        for jacobian in (jax.jacfwd, jax.jacrev):
+            got = jacobian(f)(params)
+            jax.tree.map(np.testing.assert_allclose, got, expected)
+    assert block_mode(3, params, in_axes) == "bwd"  # 4 entries > 3 residuals
+    assert block_mode(4, params, in_axes) == "fwd"
+
+
+def test_minimiser_with_reverse_mode_gradient(lv_data, lv_fwd):
+    # A minimiser with jac="bwd" differentiates the sum of squares in one reverse
+    # pass (no Jacobian blocks): the same minimum as the least-squares fit.
+    fit = gs.fit(
+        gs.ODETerm(lv.lotka_volterra),
+        gs.Tsit5(),
+        lv.GUESS,
+        *lv_data,
+        optimiser=optx.BFGS(rtol=1e-10, atol=1e-10),
+        jac="bwd",
+    )
+    assert fit.result == optx.RESULTS.successful
+    np.testing.assert_allclose(fit.params, lv_fwd.params, rtol=1e-5)
