@@ -7,6 +7,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import optimistix as optx
 from diffrax._saveat import save_y as _save_y  # the default SaveAt fn
 
 from ._components import Representation
@@ -19,8 +20,11 @@ from ._solver.interpolation import combine, normalised_time
 from ._stale import check_stale
 
 
-def scaled_error(norm, rtol, atol, problem: LeafProblem, y0, y1, y_error):
-    """The error ratio Diffrax's `PIDController` accepts a step on (accept if < 1)."""
+def scaled_error(norm, rtol, atol, as_tree, y0, y1, y_error):
+    """The error ratio Diffrax's `PIDController` accepts a step on (accept if < 1).
+
+    `as_tree` turns the list of scaled errors into what `norm` takes.
+    """
 
     def scale(a, b, e):
         b = jnp.where(jnp.isnan(b).any(), a, b)
@@ -28,7 +32,7 @@ def scaled_error(norm, rtol, atol, problem: LeafProblem, y0, y1, y_error):
             return e / (atol + jnp.maximum(jnp.abs(a), jnp.abs(b)) * rtol)
 
     e = [jnp.where(jnp.isnan(x), jnp.inf, x) for x in y_error]
-    return norm(problem.tree([scale(a, b, x) for a, b, x in zip(y0, y1, e)]))
+    return norm(as_tree([scale(a, b, x) for a, b, x in zip(y0, y1, e)]))
 
 
 def mesh_steps(mesh: RecordedMesh):
@@ -58,6 +62,14 @@ def replay_one(
     vf = representation.field(problem)
     to_comps, to_leaves = representation.split, representation.merge
 
+    if mesh.norm in (optx.rms_norm, optx.max_norm):
+        # These norms see only the elements: hand them the components as they are,
+        # as the recording did (re-assembling the leaves every step costs more than
+        # the rest of the error estimate).
+        as_tree = tuple
+    else:
+        as_tree = lambda comps: problem.tree(to_leaves(comps))
+
     @functools.partial(jax.checkpoint, prevent_cse=False)
     def body(carry, x):
         y, f0 = carry
@@ -72,13 +84,7 @@ def replay_one(
         ratio = None
         if adaptive:
             ratio = scaled_error(
-                mesh.norm,
-                mesh.rtol,
-                mesh.atol,
-                problem,
-                to_leaves(y),
-                to_leaves(y1),
-                to_leaves(y_error),
+                mesh.norm, mesh.rtol, mesh.atol, as_tree, y, y1, y_error
             )
         out = (ratio, y1 if keep_states else None, ks if keep_ks else None)
         return (y1, f1), out
