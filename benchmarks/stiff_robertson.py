@@ -102,31 +102,24 @@ def build(n: int, max_steps: int):
     def ctrl(rtol):
         return diffrax.PIDController(rtol=rtol, atol=1e-4 * rtol)
 
-    def gs_solve(y0, k, rtol):
-        return gs.diffeqsolve(
-            term,
-            gs.Rodas5(),
-            0.0,
-            T1,
-            None,
-            y0,
-            k,
-            stepsize_controller=ctrl(rtol),
-            max_steps=max_steps,
-        )
+    def solve_with(diffeqsolve, solver):
+        def solve(y0, k, rtol):
+            return diffeqsolve(
+                term,
+                solver,
+                0.0,
+                T1,
+                None,
+                y0,
+                k,
+                stepsize_controller=ctrl(rtol),
+                max_steps=max_steps,
+            )
 
-    def diffrax_solve(y0, k, rtol):
-        return diffrax.diffeqsolve(
-            term,
-            diffrax.Kvaerno5(),
-            0.0,
-            T1,
-            None,
-            y0,
-            k,
-            stepsize_controller=ctrl(rtol),
-            max_steps=max_steps,
-        )
+        return solve
+
+    gs_solve = solve_with(gs.diffeqsolve, gs.Rodas5())
+    diffrax_solve = solve_with(diffrax.diffeqsolve, diffrax.Kvaerno5())
 
     def final_states(solve):
         return jax.jit(
