@@ -149,6 +149,14 @@ def table_rows(case: dict) -> list[list[str]]:
                 [ops.get("record"), ops.get("gradient")],
                 entry,
             )
+            if "solve_gradient" in ops:
+                add(
+                    "gradsolve one-call gradient",
+                    ops.get("forward"),
+                    ops.get("solve_gradient"),
+                    [ops.get("forward"), ops.get("solve_gradient")],
+                    entry,
+                )
         elif name == "scipy":
             label = f"scipy RK45 ({entry['info']['trajectories_solved']} traj., scaled)"
             add(label, ops.get("forward"), None, [], entry)

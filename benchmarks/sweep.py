@@ -26,6 +26,7 @@ FORWARD_CURVES = {  # label -> (tool, operation)
 GRADIENT_CURVES = {
     "gradsolve gradient (existing mesh)": ("gradsolve", "gradient"),
     "gradsolve record + gradient": ("gradsolve", "record+gradient"),
+    "gradsolve one-call gradient": ("gradsolve", "solve_gradient"),
     "Diffrax": ("diffrax", "gradient"),
     "torchode": ("torchode", "gradient"),
 }

@@ -76,30 +76,24 @@ def _block_mesh(mesh):
 def build_gradsolve(problem: Problem, y0s, args, tol: float, dtype) -> Built:
     """gradsolve: `forward` = jit(vmap(gs.diffeqsolve)), `record` = jit(vmap(gs.record))
     then `.trim()` on the host, `gradient` = jit(grad(loss over gs.replay)) with the
-    mesh of the last `record` (record + gradient is the sum of the two times)."""
+    mesh of the last `record` (record + gradient is the sum of the two times),
+    `solve_gradient` = jit(grad(loss over vmap(gs.diffeqsolve))): one call, no mesh
+    kept."""
     term, solver = gs.ODETerm(problem.jax_vf), gs.Tsit5()
     ctrl = gs.PIDController(rtol=tol, atol=tol)
     t0, t1 = jnp.asarray(problem.t0, dtype), jnp.asarray(problem.t1, dtype)
     ax, ms = problem.args_axes, problem.max_steps
     y0s, args = to_jax(y0s, dtype), to_jax(args, dtype)
 
+    def one_solve(y0, a):
+        sol = gs.diffeqsolve(
+            term, solver, t0, t1, None, y0, a, stepsize_controller=ctrl, max_steps=ms
+        )
+        return sol.ys[-1]
+
     @jax.jit
     def forward(y0s, args):
-        def one(y0, a):
-            sol = gs.diffeqsolve(
-                term,
-                solver,
-                t0,
-                t1,
-                None,
-                y0,
-                a,
-                stepsize_controller=ctrl,
-                max_steps=ms,
-            )
-            return sol.ys[-1]
-
-        return jax.vmap(one, in_axes=(0, ax))(y0s, args)
+        return jax.vmap(one_solve, in_axes=(0, ax))(y0s, args)
 
     @jax.jit
     def record_batched(y0s, args):
@@ -123,6 +117,12 @@ def build_gradsolve(problem: Problem, y0s, args, tol: float, dtype) -> Built:
         return jnp.sum(sol.ys[:, -1] ** 2)
 
     grad = jax.jit(jax.grad(loss))
+
+    @jax.jit
+    @jax.grad
+    def solve_gradient(args, y0s):
+        return jnp.sum(jax.vmap(one_solve, in_axes=(0, ax))(y0s, args) ** 2)
+
     held = {}
 
     def record():
@@ -146,6 +146,7 @@ def build_gradsolve(problem: Problem, y0s, args, tol: float, dtype) -> Built:
             "forward": lambda: jax.block_until_ready(forward(y0s, args)),
             "record": record,
             "gradient": gradient,
+            "solve_gradient": lambda: jax.block_until_ready(solve_gradient(args, y0s)),
         },
         states={"forward": lambda: np.asarray(forward(y0s, args), np.float64)},
         gradient=lambda: leaves_numpy(gradient()),

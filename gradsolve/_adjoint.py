@@ -1,12 +1,16 @@
 """The discrete adjoint of the recorded steps, for `jax.grad` through `diffeqsolve`.
 
-`gradsolve.diffeqsolve` cannot replay a mesh whose length it only learns at run time
-with a fixed-length scan without paying for `max_steps` steps. Instead its reverse pass
-walks back over the accepted steps only (a `while_loop` of `num_steps` iterations): for
-each step it recomputes the stages from the stored state and applies `jax.vjp` of that
-one step. This is the same derivative as differentiating `gs.replay` (and as
-Diffrax's default adjoint): the exact discrete adjoint of the accepted steps.
+`gradsolve.diffeqsolve` learns the length of its mesh only at run time, so it cannot
+replay it with one fixed-length scan without paying for `max_steps` steps. Its reverse
+pass instead walks back over the accepted steps in segments of `SEGMENT_LENGTH`
+(a `while_loop` of `ceil(num_steps / SEGMENT_LENGTH)` iterations): each segment is
+recomputed from the state the recording kept at its start, as a fixed-length scan,
+and pulled back with one `jax.vjp`. This is the same derivative as differentiating
+`gs.replay` (and as Diffrax's default adjoint): the exact discrete adjoint of the
+accepted steps.
 """
+
+import functools
 
 import equinox as eqx
 import jax
@@ -15,10 +19,17 @@ import jax.numpy as jnp
 from ._components import Representation
 from ._mesh import RecordedMesh
 from ._problem import LeafProblem
-from ._replay import mesh_steps
+from ._record import CHECKPOINT_EVERY
 from ._saving import SaveLayout, SavePlan
 from ._solver.base import AbstractGradsolveSolver
-from ._solver.interpolation import normalised_time
+from ._solver.interpolation import combine, normalised_time
+
+
+# Steps per segment of the reverse pass. Longer segments amortise the loop's
+# per-iteration cost; every segment takes this many steps, so the last one wastes
+# up to `SEGMENT_LENGTH - 1` (skipped) steps. The recording keeps one state per
+# segment.
+SEGMENT_LENGTH = CHECKPOINT_EVERY
 
 
 def is_float_array(x) -> bool:
@@ -27,10 +38,6 @@ def is_float_array(x) -> bool:
 
 def _add(xs, ys):
     return [x + y for x, y in zip(xs, ys)]
-
-
-def _scale(weight, leaves):
-    return [weight * x for x in leaves]
 
 
 def adjoint_loop(
@@ -52,7 +59,8 @@ def adjoint_loop(
     - `states`: the state after every `every`-th accepted step (`states[0] = y0`),
         as the steps hold it (see `_components.Representation`), with a leading
         axis.
-    - `every`: the spacing of the checkpoints in `states`.
+    - `every`: the spacing of the checkpoints in `states`; it divides
+        `SEGMENT_LENGTH`.
     - `layout`, `plan`: where each saved value came from (see `_saving.py`).
     - `ys_bar`: the cotangents of the saved values (leaves, leading save axis).
     - `diff`: `(y0_leaves, args, f)`, the differentiable inputs.
@@ -62,13 +70,14 @@ def adjoint_loop(
     The cotangent of `diff`.
     """
     weights_fn = solver.interpolation_cls.weights
-    direction, starts, ends = mesh_steps(mesh)
+    ts = mesh.ts
+    direction = jnp.where(ts[0] < ts[-1], 1, -1)
     num_steps = mesh.num_steps
+    length = SEGMENT_LENGTH
     # The steps hold the state as `_record.py` did (components for a small state):
     # the loop carries and the step's vjp act on that; convert at the boundaries.
     representation = Representation(diff[0])
     split, merge = representation.split, representation.merge
-    zeros = split([jnp.zeros_like(x) for x in diff[0]])
 
     diff_dynamic, diff_static = eqx.partition(diff, is_float_array)
 
@@ -78,97 +87,85 @@ def adjoint_loop(
         y1, _, dense, _ = solver.step_leaves(vf, s, e, direction, y, None)
         return y1, dense
 
-    y_bar = zeros
+    def segment(y, dynamic, first):
+        """Steps `[first, first + length)` from the state before step `first`.
+
+        Returns the state after them and the values they save. Steps past
+        `num_steps` are skipped (zero-length, and their result discarded), so that
+        every segment has the same static length.
+        """
+        index = first + jnp.arange(length)
+        valid = index < num_steps
+        index = jnp.minimum(index, mesh.max_steps - 1)
+        # Gathered from the mesh directly: `mesh_steps` would first copy the whole
+        # `(max_steps + 1)`-long buffer, once per gradient.
+        e = direction * ts[index + 1]
+        s = ts[index] if mesh.step_starts is None else mesh.step_starts[index]
+        s = jnp.where(valid, direction * s, e)
+
+        @functools.partial(jax.checkpoint, prevent_cse=False)
+        def body(y, x):
+            s, e, ok = x
+            y1, dense = step(y, dynamic, s, e)
+            y1 = [jnp.where(ok, a, b) for a, b in zip(y1, y)]
+            # Only what the saves need leaves the scan.
+            return y1, (
+                y if ts_bar is not None else None,
+                y1 if ts_bar is not None or step_bar is not None else None,
+                dense if ts_bar is not None else None,
+            )
+
+        y_end, (before, after, dense) = jax.lax.scan(body, y, (s, e, valid))
+        saved = {}
+        if step_bar is not None:
+            saved["steps"] = after
+        if ts_bar is not None:
+            local = layout.ts_step - first
+            inside = (local >= 0) & (local < length) & (layout.ts_step < num_steps)
+            local = jnp.clip(local, 0, length - 1)
+            theta = normalised_time(s[local], plan.ts, e[local])
+            theta = jnp.where(inside, theta, 0)
+            values = jax.vmap(lambda th, a, b, k: combine(weights_fn(th), a, b, k))(
+                theta,
+                [x[local] for x in before],
+                [x[local] for x in after],
+                [[x[local] for x in stage] for stage in dense],
+            )
+            saved["ts"] = [jnp.where(inside, v, 0) for v in values]
+        return y_end, saved
+
+    y_bar = split([jnp.zeros_like(x) for x in diff[0]])
     if layout.t1_slot is not None:
         y_bar = split([x[layout.t1_slot] for x in ys_bar])
-    step_bar = (
-        None if layout.step_slot is None else [x[layout.step_slot] for x in ys_bar]
-    )
-    ts_bar = None if layout.ts_slot is None else [x[layout.ts_slot] for x in ys_bar]
-    if step_bar is not None:
-        step_bar = split(step_bar, 1)
-    if ts_bar is not None:
-        ts_bar = split(ts_bar, 1)
+    step_bar = ts_bar = None
+    if layout.step_slot is not None:
+        step_bar = split([x[layout.step_slot] for x in ys_bar], 1)
+    if layout.ts_slot is not None:
+        ts_bar = split([x[layout.ts_slot] for x in ys_bar], 1)
     diff_bar = jax.tree_util.tree_map(jnp.zeros_like, diff_dynamic)
 
-    def interpolation_bar(n, s, e, num_dense):
-        """Cotangents of (y_n, y_{n+1}, dense data) from the `ts` saves in step n."""
-        lo = jnp.searchsorted(layout.ts_step, n, side="left")
-        hi = jnp.searchsorted(layout.ts_step, n, side="right")
-
-        def body(j, acc):
-            a_bar, b_bar, k_bar = acc
-            inside = (j >= lo) & (j < hi)
-            g = [jnp.where(inside, x[j], 0) for x in ts_bar]
-            w_y0, w_y1, w_ks = weights_fn(normalised_time(s, plan.ts[j], e))
-            a_bar = _add(a_bar, g if w_y0 is None else _scale(w_y0, g))
-            if w_y1 is not None:
-                b_bar = _add(b_bar, _scale(w_y1, g))
-            k_bar = [
-                kb if w is None else _add(kb, _scale(w, g))
-                for kb, w in zip(k_bar, w_ks)
-            ]
-            return a_bar, b_bar, k_bar
-
-        def cond(carry):
-            return carry[0] < hi
-
-        def loop_body(carry):
-            j, acc = carry
-            return j + 1, body(j, acc)
-
-        init = (zeros, zeros, [zeros] * num_dense)
-        _, acc = jax.lax.while_loop(cond, loop_body, (lo, init))
-        return acc
-
-    def step_back(n, y_n, y_bar, diff_bar):
-        """Pull `y_bar` (of the state after step n) back over step n."""
-        s, e = starts[n], ends[n]
+    def segment_back(carry):
+        """Recompute one segment from its checkpoint and pull the cotangents of
+        its end state and of its saved values back to its start."""
+        n, y_bar, diff_bar = carry
+        first = n * length
+        start = [x[n * (length // every)] for x in states]
+        _, vjp = jax.vjp(lambda y, d: segment(y, d, first), start, diff_dynamic)
+        saved_bar = {}
         if step_bar is not None:
-            y_bar = _add(y_bar, [x[n] for x in step_bar])
-        (_, dense), vjp = jax.vjp(lambda y, d: step(y, d, s, e), y_n, diff_dynamic)
+            index = first + jnp.arange(length)
+            valid = index < num_steps
+            index = jnp.minimum(index, mesh.max_steps - 1)
+            saved_bar["steps"] = [jnp.where(valid, x[index], 0) for x in step_bar]
         if ts_bar is not None:
-            a_bar, b_bar, k_bar = interpolation_bar(n, s, e, len(dense))
-            y_in_bar, d_bar = vjp((_add(y_bar, b_bar), k_bar))
-            y_in_bar = _add(y_in_bar, a_bar)
-        else:
-            k_bar = [zeros] * len(dense)
-            y_in_bar, d_bar = vjp((y_bar, k_bar))
+            saved_bar["ts"] = ts_bar
+        y_bar, d_bar = vjp((y_bar, saved_bar))
         diff_bar = jax.tree_util.tree_map(jnp.add, diff_bar, d_bar)
-        return y_in_bar, diff_bar
+        return n - 1, y_bar, diff_bar
 
-    def segment_body(carry):
-        """Steps `[n0, n0 + every)`: recompute their start states from the segment's
-        checkpoint, then walk back over them."""
-        segment, y_bar, diff_bar = carry
-        n0 = segment * every
-        start = [x[segment] for x in states]
-        if every == 1:
-            local = [x[None] for x in start]
-        else:
-            index = jnp.minimum(n0 + jnp.arange(every), mesh.max_steps - 1)
-
-            def forward(y, i):
-                y1, _ = step(y, diff_dynamic, starts[i], ends[i])
-                return y1, y
-
-            _, local = jax.lax.scan(forward, start, index)
-
-        def cond(c):
-            return c[0] >= n0
-
-        def body(c):
-            n, y_bar, diff_bar = c
-            y_n = [x[n - n0] for x in local]
-            return (n - 1, *step_back(n, y_n, y_bar, diff_bar))
-
-        last = jnp.minimum(n0 + every, num_steps) - 1
-        _, y_bar, diff_bar = jax.lax.while_loop(cond, body, (last, y_bar, diff_bar))
-        return segment - 1, y_bar, diff_bar
-
-    num_segments = (num_steps + every - 1) // every
+    num_segments = (num_steps + length - 1) // length
     _, y_bar, diff_bar = jax.lax.while_loop(
-        lambda c: c[0] >= 0, segment_body, (num_segments - 1, y_bar, diff_bar)
+        lambda c: c[0] >= 0, segment_back, (num_segments - 1, y_bar, diff_bar)
     )
     if ts_bar is not None:
         # t0 == t1 takes no step: every `ts` value is y0 itself.

@@ -159,13 +159,13 @@ def _max_steps_messages(max_steps) -> list[str]:
     ]
 
 
-def throw_in_graph(out, result, max_steps, valid, mesh, t0, t1):
+def throw_in_graph(out, result, max_steps, valid, t_reached, t0, t1):
     """Return `out` with `eqx.error_if` checks of a failed solve (inside `jit`,
-    `grad` and `vmap`): static messages, the place as a percentage of the interval.
+    `grad` and `vmap`): static messages, the place (`t_reached`) as a percentage of
+    the interval.
     """
-    # The mesh is padded with the last time reached.
     span = jnp.where(t1 == t0, 1, t1 - t0)
-    fraction = (mesh.ts[-1] - t0) / span
+    fraction = (t_reached - t0) / span
     percent = jnp.clip(jnp.floor(100 * fraction), 0, 100).astype(jnp.int32)
     # Over an ensemble: the furthest a failed trajectory got (defined when empty).
     failed = valid & (result == diffrax.RESULTS.max_steps_reached)
@@ -194,7 +194,9 @@ def throw_eagerly(out, mesh, stats, t0, t1, terms, solver, y0, args, max_steps):
     solve. If the result turned out to be traced (a vector field closing over a
     tracer), fall back to the in-graph check of `throw_in_graph`."""
     if not is_concrete(mesh):
-        return throw_in_graph(out, mesh.result, max_steps, True, mesh, t0, t1)
+        # The mesh is padded with the last time reached.
+        t_reached = mesh.ts[..., -1]
+        return throw_in_graph(out, mesh.result, max_steps, True, t_reached, t0, t1)
     message = failure_message(
         mesh.result, mesh, stats, terms, solver, y0, args, t0, t1, max_steps
     )

@@ -24,6 +24,7 @@ class RecordOutput(eqx.Module):
     stats: dict
     result: diffrax.RESULTS
     direction: Array
+    t_reached: Array
     layout: SaveLayout
     states: list[Array] | None
     checkpoint_every: int = eqx.field(static=True)
@@ -127,8 +128,11 @@ def record_loop(
         num_accepted=jnp.array(0),
         num_rejected=jnp.array(0),
         result=diffrax.RESULTS.successful,
-        # Filled with t1: after a successful solve the padding is already in place.
-        mesh_ts=jnp.full((max_steps + 1,), ti1, dtype=time_dtype).at[0].set(ti0),
+        # In the caller's time (no copy of the whole buffer to convert it after the
+        # loop). Filled with t1: after a successful solve the padding is in place.
+        mesh_ts=jnp.full((max_steps + 1,), direction * ti1, dtype=time_dtype)
+        .at[0]
+        .set(direction * ti0),
         ts_index=jnp.array(0),
         ts_values=zeros_like(y, num_ts),
     )
@@ -178,7 +182,7 @@ def record_loop(
             next_tnext,
         )
         index = c["num_accepted"]
-        c["mesh_ts"] = _set_if(c["mesh_ts"], index + 1, tnext, keep)
+        c["mesh_ts"] = _set_if(c["mesh_ts"], index + 1, direction * tnext, keep)
         if has_jumps:
             c["starts"] = _set_if(c["starts"], index, tprev, keep)
             c["restarts"] = _set_if(c["restarts"], index, c["made_jump"], keep)
@@ -244,7 +248,7 @@ def record_loop(
         lambda ts: ts,
         c["mesh_ts"],
     )
-    step_ends = mesh_ts[1:]
+    step_ends = direction * mesh_ts[1:]
     if num_ts > 0:
         # t0 == t1 takes no step: every requested save is the initial state.
         ts_values = [
@@ -273,13 +277,13 @@ def record_loop(
     )
     if has_jumps:
         used = jnp.arange(max_steps) < num_accepted
-        step_starts = direction * jnp.where(used, c["starts"], mesh_ts[-1])
+        step_starts = jnp.where(used, direction * c["starts"], mesh_ts[-1])
         restarts = c["restarts"] & used
     else:
         step_starts = restarts = None
     rtol, atol, norm = _tolerances(controller)
     mesh = RecordedMesh(
-        ts=direction * mesh_ts,
+        ts=mesh_ts,
         num_steps=num_accepted,
         step_starts=step_starts,
         restarts=restarts,
@@ -302,6 +306,9 @@ def record_loop(
         stats=stats,
         result=result,
         direction=direction,
+        # Where the solve stopped, in the caller's time: what a failure message
+        # needs, without keeping the mesh buffer alive in a forward-only solve.
+        t_reached=direction * c["tprev"],
         layout=layout,
         states=states if keep_states else None,
         checkpoint_every=every,

@@ -192,7 +192,7 @@ def _fast_diffeqsolve(
             out.result,
             max_steps,
             prepared.valid,
-            out.mesh,
+            out.t_reached,
             prepared.t0,
             prepared.t1,
         )
@@ -346,7 +346,7 @@ def _fast_record(
             out.result,
             max_steps,
             prepared.valid,
-            mesh,
+            out.t_reached,
             prepared.t0,
             prepared.t1,
         )

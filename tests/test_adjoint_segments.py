@@ -1,0 +1,102 @@
+"""The reverse pass of `gs.diffeqsolve` walks back over its steps in fixed-length
+segments (`_adjoint.SEGMENT_LENGTH`): step counts on either side of a segment
+boundary, a mesh filled to `max_steps`, and a vmapped ensemble with ragged step
+counts must all give Diffrax's gradient."""
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import pytest
+
+import gradsolve as gs
+from gradsolve._adjoint import SEGMENT_LENGTH
+
+from .helpers import PROBLEMS, max_relative_error
+
+
+PROBLEM = PROBLEMS["forced"]
+TERM = diffrax.ODETerm(PROBLEM.f)
+
+
+def _grad(solve, solver, saveat, num_steps):
+    def loss(y0, args):
+        sol = solve(
+            TERM,
+            solver,
+            0.0,
+            2.0,
+            2.0 / num_steps,
+            y0,
+            args,
+            saveat=saveat,
+            stepsize_controller=diffrax.ConstantStepSize(),
+            max_steps=num_steps,
+        )
+        return jnp.sum(jnp.where(jnp.isinf(sol.ys), 0, sol.ys) ** 2)
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1)))(PROBLEM.y0, PROBLEM.args)
+
+
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    "num_steps",
+    [
+        pytest.param(1, marks=SLOW),
+        pytest.param(SEGMENT_LENGTH - 1, marks=SLOW),
+        SEGMENT_LENGTH,
+        SEGMENT_LENGTH + 1,
+        pytest.param(2 * SEGMENT_LENGTH, marks=SLOW),
+    ],
+)
+@pytest.mark.parametrize(
+    "saves", [pytest.param("t1", marks=SLOW), "t0_ts_t1", "steps_ts"]
+)
+def test_segment_boundaries_and_a_full_mesh(num_steps, saves):
+    ts = jnp.array([0.0, 0.3, 0.3, 1.1, 1.97, 2.0])
+    saveat = {
+        "t1": diffrax.SaveAt(t1=True),
+        "t0_ts_t1": diffrax.SaveAt(t0=True, ts=ts, t1=True),
+        "steps_ts": diffrax.SaveAt(ts=ts, steps=True),
+    }[saves]
+    # `max_steps = num_steps`: the mesh has no padding, the last segment ends at
+    # the buffer's end.
+    got = _grad(gs.diffeqsolve, gs.Tsit5(), saveat, num_steps)
+    want = _grad(diffrax.diffeqsolve, diffrax.Tsit5(), saveat, num_steps)
+    assert max_relative_error(got, want) <= 1e-10
+
+
+def test_ragged_ensemble_under_vmap():
+    # Decay rates over three decades: 8 to ~60 steps, so the trajectories end in
+    # different segments.
+    rates = jnp.geomspace(0.1, 100.0, 7)
+    ctrl = diffrax.PIDController(rtol=1e-6, atol=1e-9)
+    saveat = diffrax.SaveAt(ts=jnp.linspace(0.1, 3.0, 5), t1=True)
+
+    def loss(solve, solver):
+        def one(k):
+            f = lambda t, y, k: -k * y + jnp.sin(t)
+            sol = solve(
+                diffrax.ODETerm(f),
+                solver,
+                0.0,
+                3.0,
+                None,
+                jnp.array([1.0, 2.0]),
+                k,
+                saveat=saveat,
+                stepsize_controller=ctrl,
+            )
+            return jnp.sum(sol.ys**2), sol.stats["num_accepted_steps"]
+
+        def total(rates):
+            values, steps = jax.vmap(one)(rates)
+            return jnp.sum(values), steps
+
+        return jax.jit(jax.grad(total, has_aux=True))
+
+    got, steps = loss(gs.diffeqsolve, gs.Tsit5())(rates)
+    want, _ = loss(diffrax.diffeqsolve, diffrax.Tsit5())(rates)
+    assert steps.min() < SEGMENT_LENGTH < 2 * SEGMENT_LENGTH < steps.max()
+    assert max_relative_error(got, want) <= 1e-9
