@@ -74,11 +74,11 @@ def _block_mesh(mesh):
 
 
 def build_gradsolve(problem: Problem, y0s, args, tol: float, dtype) -> Built:
-    """gradsolve: `forward` = jit(vmap(gs.diffeqsolve)), `record` = jit(vmap(gs.record))
-    then `.trim()` on the host, `gradient` = jit(grad(loss over gs.replay)) with the
-    mesh of the last `record` (record + gradient is the sum of the two times),
-    `solve_gradient` = jit(grad(loss over vmap(gs.diffeqsolve))): one call, no mesh
-    kept."""
+    """gradsolve: `forward` = jit(vmap(gs.diffeqsolve)), `record` =
+    `gs.record_ensemble` (a trimmed ensemble mesh), `gradient` =
+    jit(grad(loss over gs.replay)) with the mesh of the last `record` (record +
+    gradient is the sum of the two times), `solve_gradient` =
+    jit(grad(loss over vmap(gs.diffeqsolve))): one call, no mesh kept."""
     term, solver = gs.ODETerm(problem.jax_vf), gs.Tsit5()
     ctrl = gs.PIDController(rtol=tol, atol=tol)
     t0, t1 = jnp.asarray(problem.t0, dtype), jnp.asarray(problem.t1, dtype)
@@ -95,23 +95,6 @@ def build_gradsolve(problem: Problem, y0s, args, tol: float, dtype) -> Built:
     def forward(y0s, args):
         return jax.vmap(one_solve, in_axes=(0, ax))(y0s, args)
 
-    @jax.jit
-    def record_batched(y0s, args):
-        def one(y0, a):
-            return gs.record(
-                term,
-                solver,
-                t0,
-                t1,
-                None,
-                y0,
-                a,
-                stepsize_controller=ctrl,
-                max_steps=ms,
-            )
-
-        return jax.vmap(one, in_axes=(0, ax))(y0s, args)
-
     def loss(args, mesh, y0s):
         sol = gs.replay(mesh, term, solver, y0s, args, args_axes=ax)
         return jnp.sum(sol.ys[:, -1] ** 2)
@@ -126,7 +109,20 @@ def build_gradsolve(problem: Problem, y0s, args, tol: float, dtype) -> Built:
     held = {}
 
     def record():
-        held["mesh"] = _block_mesh(record_batched(y0s, args).trim())
+        held["mesh"] = _block_mesh(
+            gs.record_ensemble(
+                term,
+                solver,
+                t0,
+                t1,
+                None,
+                y0s,
+                args,
+                args_axes=ax,
+                stepsize_controller=ctrl,
+                max_steps=ms,
+            )
+        )
         return held["mesh"]
 
     def gradient():

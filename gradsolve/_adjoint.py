@@ -81,6 +81,17 @@ def adjoint_loop(
 
     diff_dynamic, diff_static = eqx.partition(diff, is_float_array)
 
+    # The cotangents of the final state, of the step saves and of the `ts` saves.
+    y_bar = split([jnp.zeros_like(x) for x in diff[0]])
+    if layout.t1_slot is not None:
+        y_bar = split([x[layout.t1_slot] for x in ys_bar])
+    step_bar = ts_bar = None
+    if layout.step_slot is not None:
+        step_bar = split([x[layout.step_slot] for x in ys_bar], 1)
+    if layout.ts_slot is not None:
+        ts_bar = split([x[layout.ts_slot] for x in ys_bar], 1)
+    diff_bar = jax.tree_util.tree_map(jnp.zeros_like, diff_dynamic)
+
     def step(y, dynamic, s, e):
         _, args, f = eqx.combine(dynamic, diff_static)
         vf = representation.field(LeafProblem(f=f, args=args, treedef=treedef))
@@ -133,16 +144,6 @@ def adjoint_loop(
             )
             saved["ts"] = [jnp.where(inside, v, 0) for v in values]
         return y_end, saved
-
-    y_bar = split([jnp.zeros_like(x) for x in diff[0]])
-    if layout.t1_slot is not None:
-        y_bar = split([x[layout.t1_slot] for x in ys_bar])
-    step_bar = ts_bar = None
-    if layout.step_slot is not None:
-        step_bar = split([x[layout.step_slot] for x in ys_bar], 1)
-    if layout.ts_slot is not None:
-        ts_bar = split([x[layout.ts_slot] for x in ys_bar], 1)
-    diff_bar = jax.tree_util.tree_map(jnp.zeros_like, diff_dynamic)
 
     def segment_back(carry):
         """Recompute one segment from its checkpoint and pull the cotangents of

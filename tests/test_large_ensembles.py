@@ -113,3 +113,29 @@ def test_estimates_cover_the_buffers():
     assert est["gradient"] >= 1000 * 4096 * 3 * 8  # one state per step
     double = gs.estimate_memory(2000, 4096, Y0S)
     assert double["gradient"] == 2 * est["gradient"]
+
+
+def test_short_first_buffer_gives_the_full_recording():
+    # Decay rates over five decades: 7 to ~1,600 steps, so some trajectories
+    # outgrow the first, short buffer and are recorded again; one runs out of
+    # max_steps and must fail as it does in a single recording.
+    rates = jnp.array([0.1, 1.0, 1e3, 10.0, 3e3, 1e4])
+    term = diffrax.ODETerm(lambda t, y, k: -k * y + jnp.sin(t))
+    y0s = jnp.ones((6, 2))
+    kwargs = dict(stepsize_controller=CTRL, max_steps=1200)
+
+    def one(y0, k):
+        return gs.record(term, gs.Tsit5(), 0.0, 3.0, None, y0, k, throw=False, **kwargs)
+
+    want = jax.vmap(one)(y0s, rates).trim()
+    got = gs.record_ensemble(
+        term, gs.Tsit5(), 0.0, 3.0, None, y0s, rates, args_axes=0, throw=False, **kwargs
+    )
+    steps = np.asarray(want.num_steps)
+    ok = np.asarray(want.result == diffrax.RESULTS.successful)
+    assert steps[ok].min() < 256 < steps[ok].max() and not ok.all()
+    _assert_identical(got, want)
+    with pytest.raises(Exception, match="max_steps=1200"):
+        gs.record_ensemble(
+            term, gs.Tsit5(), 0.0, 3.0, None, y0s, rates, args_axes=0, **kwargs
+        )
