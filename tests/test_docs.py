@@ -150,6 +150,17 @@ def test_included_examples_are_tested():
                 )
 
 
+def test_every_public_name_has_an_api_entry():
+    public = set(
+        re.findall(r"\b(\w+) as \1\b", (ROOT / "gradsolve" / "__init__.py").read_text())
+    )
+    api = "\n".join(p.read_text() for p in (DOCS / "api").glob("*.md"))
+    documented = set(re.findall(r"^::: gradsolve\.(\w+)", api, re.M))
+    documented |= set(re.findall(r"\{ #gradsolve\.(\w+) \}", api))
+    assert public, "no re-exports found in gradsolve/__init__.py"
+    assert public <= documented, f"no API entry for {sorted(public - documented)}"
+
+
 def _missing_docs_tools():
     for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers"):
         if importlib.util.find_spec(module) is None:
