@@ -4,6 +4,8 @@
 - Every `benchmarks/results/*.png` is added to the site as
   `benchmarks/results/<name>.png`, next to the benchmarks page, so the relative image
   links of `benchmarks/README.md` (included by that page) resolve as they do on GitHub.
+- Snippets (`--8<--`) are read relative to the repository root, wherever mkdocs is
+  run from.
 - The marker `<!-- sweep-results -->` on a page is replaced by every sweep that
   `python benchmarks/run.py --sweep` has written (its table and its two plots), or by
   a sentence saying that none has been run yet.
@@ -17,6 +19,12 @@ from mkdocs.structure.files import File
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 SWEEP_MARKER = "<!-- sweep-results -->"
+
+
+def on_config(config):
+    snippets = config.mdx_configs.setdefault("pymdownx.snippets", {})
+    snippets["base_path"] = [str(ROOT)]
+    return config
 
 
 def on_files(files, config):
