@@ -26,12 +26,16 @@ import jax.tree_util as jtu
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ._kernel_lane import LaneStatics, attempt, dense_save, lane_controller, lane_field
+from ._kernel_lane import LaneStatics, attempt, dense_save, lane_field
 
 
 # Lanes per program instance: one per thread of four warps.
 BLOCK = 128
 _GROUPS = ("ti0", "ti1", "direction", "clip_floor", "tnext", "cstate", "y")
+# `None`: interpret the kernel off a GPU. Set to `False` to lower it for a GPU from a
+# machine without one (`jax.jit(...).trace(...).lower(lowering_platforms=("cuda",))`,
+# as `benchmarks/kernel_gpu.py --lower-only` does).
+INTERPRET: bool | None = None
 _COUNTS = ("num_steps", "num_accepted", "num_rejected", "result")
 _SUCCESS = int(diffrax.RESULTS.successful._value)
 
@@ -248,7 +252,7 @@ def _run(st, groups, inputs, ts, n, max_steps, time_dtype):
         grid=(npad // block,),
         in_specs=in_specs,
         out_specs=out_specs,
-        interpret=jax.default_backend() != "gpu",
+        interpret=(jax.default_backend() != "gpu" if INTERPRET is None else INTERPRET),
         compiler_params=plgpu.CompilerParams(num_warps=max(1, block // 32)),
         name="gradsolve_record",
     )(*rows)
@@ -292,7 +296,7 @@ def kernel_loop(
     """
     f_dyn, f_static = eqx.partition(f, eqx.is_array)
     a_dyn, a_static = eqx.partition(problem.args, eqx.is_array)
-    c_dyn, c_static = eqx.partition(lane_controller(controller), eqx.is_array)
+    c_dyn, c_static = eqx.partition(controller, eqx.is_array)
     f_leaves, f_tree = jtu.tree_flatten(f_dyn)
     a_leaves, a_tree = jtu.tree_flatten(a_dyn)
     c_leaves, c_tree = jtu.tree_flatten(c_dyn)

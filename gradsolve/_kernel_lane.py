@@ -3,50 +3,21 @@
 These functions are written for one trajectory, on scalars, and the kernel
 (`_kernel.py`) maps them over the lanes of its block with `jax.vmap`, exactly as the
 XLA recording is mapped over an ensemble. The step is the solver's own `step_leaves`,
-the vector field the component field of `_components.py`, and the controller
-Diffrax's own `adapt_step_size`: the arithmetic of every accepted or rejected step
-is the XLA loop's, so both take the same steps.
-
-Only the error norm is replaced: `optimistix.rms_norm` sums one-element dot
-products, which become batched matrix products under `vmap` (no Triton lowering);
-`lane_norm` gives the same sums as scalar products, in the same order.
+the vector field the component field of `_components.py`, and the controller's
+arithmetic Diffrax's (`_kernel_controller.py`): every accepted or rejected step is
+computed as in the XLA loop, so both take the same steps.
 """
 
 import dataclasses
-import functools
-import math
 
-import diffrax
 import equinox as eqx
 import jax.numpy as jnp
 import jax.tree_util as jtu
-import optimistix as optx
 
 from ._components import args_from_elements
+from ._kernel_controller import adapt_step_size
 from ._problem import LeafProblem
 from ._solver.interpolation import combine, normalised_time
-
-
-def _rms_norm(x):
-    # `optx.rms_norm`: `two_norm(x) / sqrt(size)`, with `two_norm` the absolute value
-    # for one element, else the square root of the left-to-right sum of squares.
-    if len(x) == 1:
-        two = jnp.abs(x[0])
-    else:
-        two = jnp.sqrt(functools.reduce(jnp.add, [xi * xi for xi in x]))
-    return two / math.sqrt(len(x))
-
-
-def _max_norm(x):
-    return functools.reduce(jnp.maximum, [jnp.abs(xi) for xi in x])
-
-
-def lane_controller(controller):
-    """`controller` with its norm replaced by the same norm on a tuple of scalars."""
-    if type(controller) is not diffrax.PIDController:
-        return controller
-    norm = {optx.rms_norm: _rms_norm, optx.max_norm: _max_norm}[controller.norm]
-    return dataclasses.replace(controller, norm=norm)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,8 +83,8 @@ def attempt(st: LaneStatics, s, k):
     )
     y_error = [jnp.where(jnp.isnan(e), jnp.inf, e) for e in y_error]
     cstate = jtu.tree_unflatten(st.cstate_tree, s["cstate"])
-    keep, next_tprev, next_tnext, _, cstate, result = controller.adapt_step_size(
-        tprev, tnext, tuple(y), tuple(y1), None, tuple(y_error), st.error_order, cstate
+    keep, next_tprev, next_tnext, cstate, result = adapt_step_size(
+        controller, tprev, tnext, y, y1, y_error, st.error_order, cstate
     )
     ti1 = k["ti1"]
     next_tprev = jnp.minimum(next_tprev, ti1)
