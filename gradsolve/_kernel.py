@@ -70,7 +70,9 @@ def _as_rows(x, n, npad):
     return jnp.pad(rows, ((0, 0), (0, npad - n)), mode="edge")
 
 
-def _make_kernel(st, groups, structs, num_ts, num_comps, max_steps, time_dtype):
+def _make_kernel(st, groups, structs, num_ts, num_comps, max_steps):
+    """The kernel body for one block: load the lanes' inputs, step until every lane
+    has finished, store the results."""
     solver = st.solver
     size = max_steps + 1
 
@@ -80,10 +82,8 @@ def _make_kernel(st, groups, structs, num_ts, num_comps, max_steps, time_dtype):
         out_refs = refs[len(in_refs) :]
         ts_ref = in_refs[-1] if num_ts else None
         mesh_ref, *rest = out_refs
-        ts_out, rest = (
-            rest[: num_comps if num_ts else 0],
-            rest[num_comps if num_ts else 0 :],
-        )
+        saved = num_comps if num_ts else 0
+        ts_out, rest = rest[:saved], rest[saved:]
         yf_refs, (tprev_ref, counts_ref) = rest[:num_comps], rest[num_comps:]
 
         # Every leaf is loaded as its per-lane elements, one row of `block` each.
@@ -119,6 +119,7 @@ def _make_kernel(st, groups, structs, num_ts, num_comps, max_steps, time_dtype):
             ts_index=zeros,
         )
         if solver.fsal:
+            # (`direction * ti0` is the caller's `t0`: the product with +-1 is exact.)
             field = lambda k, t, y: lane_field(st, k)(t, y)
             c["f0"] = jax.vmap(field)(k, k["direction"] * ti0, c["y"])
 
@@ -245,7 +246,7 @@ def _run(st, groups, inputs, ts, n, max_steps, time_dtype):
         jax.ShapeDtypeStruct((4, npad), jnp.int32),
     ]
     out_specs += [lane_spec, spec(4)]
-    kernel = _make_kernel(st, groups, structs, num_ts, num_comps, max_steps, time_dtype)
+    kernel = _make_kernel(st, groups, structs, num_ts, num_comps, max_steps)
     outs = pl.pallas_call(
         kernel,
         out_shape=out_shape,
