@@ -78,6 +78,13 @@ def kernel_unsupported(solver, controller, plan, layout, dynamic) -> str | None:
     return None
 
 
+def kernel_considered(kernel: str) -> bool:
+    """Whether the `kernel=` option may pick the fused kernel at all: `"pallas"`, or
+    `"auto"` on a GPU backend. (Elsewhere nothing of the kernel is even traced.)"""
+    check_kernel_option(kernel)
+    return kernel == "pallas" or (kernel == "auto" and jax.default_backend() == "gpu")
+
+
 def use_kernel(kernel: str, reason: str | None) -> bool:
     """Whether to run the fused kernel, given the `kernel=` option and why it
     cannot run (`reason`, `None` if it can).

@@ -11,7 +11,7 @@ from jaxtyping import Array
 
 from ._components import Representation
 from ._kernel import kernel_loop
-from ._kernel_select import kernel_unsupported, use_kernel
+from ._kernel_select import kernel_considered, kernel_unsupported, use_kernel
 from ._mesh import RecordedMesh, pad_after
 from ._problem import LeafProblem
 from ._saving import SaveLayout, SavePlan, assemble, caller_times, save_layout
@@ -131,7 +131,7 @@ def record_loop(
         y=y,
     )
     fused = False
-    if kernel != "xla" and not keep_states:
+    if kernel_considered(kernel) and not keep_states:
         f = eqx.filter_closure_convert(problem.f, t0, problem.tree(y0), problem.args)
         dynamic = eqx.filter((f, problem.args), eqx.is_array)
         reason = kernel_unsupported(

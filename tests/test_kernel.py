@@ -22,6 +22,7 @@ from .helpers import PROBLEMS
 LORENZ = PROBLEMS["lorenz"]
 TERM = diffrax.ODETerm(LORENZ.f)
 CTRL = gs.PIDController(rtol=1e-5, atol=1e-5)
+KERNELS = ("xla", "pallas")
 
 
 def _ensemble(n, dtype):
@@ -224,3 +225,35 @@ def test_unsupported_problems_fall_back_or_name_the_fix():
         )
     with pytest.raises(ValueError, match="kernel='gpu' is not an option"):
         gs.record(TERM, gs.Tsit5(), 0.0, 0.1, 0.01, y0, p, kernel="gpu")
+
+
+def test_pytree_state_closure_and_batched_times():
+    # A dict state, a time-dependent field closing over a batched rate, and a
+    # per-trajectory `t1` and `ts`: each is a per-lane input of the kernel.
+    def solve(k, t1, kernel):
+        field = lambda t, y, a: {"x": y["v"], "v": -(k**2) * y["x"] + jnp.cos(a * t)}
+        return gs.diffeqsolve(
+            diffrax.ODETerm(field),
+            gs.Dopri5(),
+            0.0,
+            t1,
+            None,
+            {"x": jnp.array(1.0), "v": jnp.array(0.0)},
+            2.0,
+            saveat=gs.SaveAt(ts=jnp.array([0.25, 0.5, 1.0]) * t1, t1=True),
+            stepsize_controller=CTRL,
+            max_steps=64,
+            kernel=kernel,
+        )
+
+    ks, t1s = jnp.logspace(-1, 1, 4), jnp.linspace(0.5, 2.0, 4)
+    xla, fused = (jax.vmap(lambda k, t1: solve(k, t1, c))(ks, t1s) for c in KERNELS)
+    assert len(set(np.asarray(xla.mesh.num_steps).tolist())) > 1
+    np.testing.assert_array_equal(fused.mesh.num_steps, xla.mesh.num_steps)
+    # `cos(a t)` of a time may be evaluated by differently vectorised code in the
+    # two programs: round-off, which the steps carry on.
+    np.testing.assert_allclose(fused.mesh.ts, xla.mesh.ts, rtol=1e-13)
+    for key in ("x", "v"):
+        np.testing.assert_allclose(fused.ys[key], xla.ys[key], rtol=1e-12)
+    empty = jax.vmap(lambda k, t1: solve(k, t1, "pallas"))(ks[:0], t1s[:0])
+    assert empty.ys["x"].shape == (0, 4)
