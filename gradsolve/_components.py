@@ -310,6 +310,19 @@ def _split_args(args):
     return static, treedef, structs, inputs
 
 
+def args_from_elements(static, treedef, structs, elements) -> tuple:
+    """The `(static, treedef, structs, inputs)` of `_split_args`, for `args` whose
+    array leaves are already given element by element (`elements[i]` lists the
+    elements of leaf `i` in row-major order, e.g. per-lane rows inside a kernel)."""
+    inputs = []
+    for st, elems in zip(structs, elements):
+        out = np.empty(len(elems), dtype=object)
+        for j, e in enumerate(elems):
+            out[j] = e
+        inputs.append(_Comp(out.reshape(st.shape), st.dtype))
+    return static, treedef, structs, inputs
+
+
 def component_field(f, treedef, layout: Layout, t, comps, split_args) -> list:
     """`f(t, y, args)` for `y` given as components; returns components."""
     structs = [jax.ShapeDtypeStruct(s, d) for s, d in zip(layout.shapes, layout.dtypes)]
@@ -342,11 +355,11 @@ def component_field(f, treedef, layout: Layout, t, comps, split_args) -> list:
 class ComponentProblem:
     """A `LeafProblem` whose state is a flat list of components (see `Layout`)."""
 
-    def __init__(self, f, args, treedef, layout):
+    def __init__(self, f, args, treedef, layout, split_args=None):
         self.f = f
         self.treedef = treedef
         self.layout = layout
-        self.split_args = _split_args(args)
+        self.split_args = _split_args(args) if split_args is None else split_args
 
     def vf(self, t, comps):
         return component_field(
@@ -377,9 +390,14 @@ class Representation:
             return list(comps)
         return self.layout.merge(comps, batch_dims)
 
-    def field(self, problem):
-        """`problem.vf` (a `LeafProblem`'s field) on this representation."""
+    def field(self, problem, split_args=None):
+        """`problem.vf` (a `LeafProblem`'s field) on this representation.
+
+        `split_args` (see `args_from_elements`) replaces splitting `problem.args`,
+        for arguments that arrive already split into elements."""
         if self.layout is None:
             return problem.vf
-        cp = ComponentProblem(problem.f, problem.args, problem.treedef, self.layout)
+        cp = ComponentProblem(
+            problem.f, problem.args, problem.treedef, self.layout, split_args
+        )
         return cp.vf

@@ -10,6 +10,8 @@ from diffrax._term import WrapTerm
 from jaxtyping import Array
 
 from ._components import Representation
+from ._kernel import kernel_loop
+from ._kernel_select import kernel_considered, kernel_unsupported, use_kernel
 from ._mesh import RecordedMesh, pad_after
 from ._problem import LeafProblem
 from ._saving import SaveLayout, SavePlan, assemble, caller_times, save_layout
@@ -67,6 +69,7 @@ def record_loop(
     max_steps: int,
     keep_states: bool,
     has_jumps: bool,
+    kernel: str = "xla",
 ) -> RecordOutput:
     """Integrate adaptively from `t0` to `t1` and record the accepted steps.
 
@@ -77,12 +80,14 @@ def record_loop(
 
     `plan.ts` is in internal time (`direction * t`). With `keep_states`, the state
     after every `checkpoint_every`-th accepted step is kept for the adjoint.
+
+    `kernel` (`"auto"`, `"pallas"` or `"xla"`, see `_kernel_select.use_kernel`)
+    chooses the fused Pallas kernel for the loop when the problem fits; it takes the
+    same steps. Recordings that keep states for the adjoint always run on XLA.
     """
-    interpolation = solver.interpolation_cls
     direction = jnp.where(t0 < t1, 1, -1)
     ti0 = t0 * direction
     ti1 = t1 * direction
-    time_dtype = jnp.result_type(ti0)
     dti0 = None if dt0 is None else dt0 * direction
     controller = controller.wrap(direction)
 
@@ -117,13 +122,162 @@ def record_loop(
         as_tree = tuple
     else:
         as_tree = lambda comps: problem.tree(to_leaves(comps))
+    lane = dict(
+        ti0=ti0,
+        ti1=ti1,
+        direction=direction,
+        clip_floor=clip_floor,
+        tnext=tnext,
+        cstate=controller_state,
+        y=y,
+    )
+    fused = False
+    if kernel_considered(kernel) and not keep_states:
+        f = eqx.filter_closure_convert(problem.f, t0, problem.tree(y0), problem.args)
+        dynamic = eqx.filter((f, problem.args), eqx.is_array)
+        reason = kernel_unsupported(
+            solver, controller, plan, representation.layout, dynamic
+        )
+        fused = use_kernel(kernel, reason)
+    if fused:
+        every = CHECKPOINT_EVERY
+        c = kernel_loop(
+            problem,
+            f,
+            solver,
+            controller,
+            error_order,
+            representation,
+            lane,
+            plan.ts,
+            max_steps,
+        )
+        # The kernel writes internal times; the XLA loop writes the caller's.
+        c["mesh_ts"] = direction * c["mesh_ts"]
+    else:
+        c, every = _xla_loop(
+            problem,
+            solver,
+            controller,
+            error_order,
+            vf,
+            as_tree,
+            t0,
+            lane,
+            plan,
+            max_steps,
+            keep_states,
+            has_jumps,
+        )
+    result = diffrax.RESULTS.where(
+        (c["tprev"] < ti1) & (c["result"] == diffrax.RESULTS.successful),
+        diffrax.RESULTS.max_steps_reached,
+        c["result"],
+    )
+    num_accepted = c["num_accepted"]
+    # A solve that stopped early pads with the last time it reached. (The branch is
+    # taken only if some trajectory of the batch failed.)
+    mesh_ts = jax.lax.cond(
+        eqxi.unvmap_any(c["tprev"] < ti1),
+        lambda ts: pad_after(ts, num_accepted),
+        lambda ts: ts,
+        c["mesh_ts"],
+    )
+    step_ends = direction * mesh_ts[1:]
+    if num_ts > 0:
+        # t0 == t1 takes no step: every requested save is the initial state.
+        ts_values = [
+            jnp.where(ti0 == ti1, jnp.broadcast_to(a, v.shape), v)
+            for a, v in zip(y, c["ts_values"])
+        ]
+        ts_values = to_leaves(ts_values, 1)
+    else:
+        ts_values = None
+    states = c.get("states")
+    step_values = None
+    if plan.steps:
+        step_values = to_leaves([s[1:] for s in states], 1)
+    layout = save_layout(plan, step_ends, max_steps)
+    ts_out, ys_out = assemble(
+        plan,
+        layout,
+        max_steps,
+        num_accepted,
+        ti0,
+        step_ends,
+        y0,
+        ts_values,
+        step_values,
+        to_leaves(c["y"]),
+    )
+    if has_jumps:
+        used = jnp.arange(max_steps) < num_accepted
+        step_starts = jnp.where(used, direction * c["starts"], mesh_ts[-1])
+        restarts = c["restarts"] & used
+    else:
+        step_starts = restarts = None
+    rtol, atol, norm = _tolerances(controller)
+    mesh = RecordedMesh(
+        ts=mesh_ts,
+        num_steps=num_accepted,
+        step_starts=step_starts,
+        restarts=restarts,
+        rtol=rtol,
+        atol=atol,
+        result=result,
+        norm=norm,
+        solver_type=type(solver),
+    )
+    stats = dict(
+        num_steps=c["num_steps"],
+        num_accepted_steps=num_accepted,
+        num_rejected_steps=c["num_rejected"],
+        max_steps=max_steps,
+    )
+    return RecordOutput(
+        mesh=mesh,
+        ts=caller_times(direction, ts_out),
+        ys=ys_out,
+        stats=stats,
+        result=result,
+        direction=direction,
+        # Where the solve stopped, in the caller's time: what a failure message
+        # needs, without keeping the mesh buffer alive in a forward-only solve.
+        t_reached=direction * c["tprev"],
+        layout=layout,
+        states=states if keep_states else None,
+        checkpoint_every=every,
+    )
+
+
+def _xla_loop(
+    problem,
+    solver,
+    controller,
+    error_order,
+    vf,
+    as_tree,
+    t0,
+    lane,
+    plan,
+    max_steps,
+    keep_states,
+    has_jumps,
+):
+    """The stepping loop as an XLA `while_loop`. Returns its final carry and how
+    often it kept a state (`every`)."""
+    interpolation = solver.interpolation_cls
+    ti0, ti1, direction = lane["ti0"], lane["ti1"], lane["direction"]
+    clip_floor, y = lane["clip_floor"], lane["y"]
+    time_dtype = jnp.result_type(ti0)
+    num_ts = 0 if plan.ts is None else len(plan.ts)
     zeros_like = lambda leaves, n: [jnp.zeros((n,) + x.shape, x.dtype) for x in leaves]
     carry = dict(
         tprev=ti0,
-        tnext=tnext,
+        tnext=lane["tnext"],
         y=y,
         made_jump=jnp.array(False),
-        controller_state=controller_state,
+        controller_state=lane["cstate"],
         num_steps=jnp.array(0),
         num_accepted=jnp.array(0),
         num_rejected=jnp.array(0),
@@ -234,85 +388,7 @@ def record_loop(
         kind="lax",
         buffers=lambda c: [c[k] for k in buffer_keys],
     )
-    result = diffrax.RESULTS.where(
-        (c["tprev"] < ti1) & (c["result"] == diffrax.RESULTS.successful),
-        diffrax.RESULTS.max_steps_reached,
-        c["result"],
-    )
-    num_accepted = c["num_accepted"]
-    # A solve that stopped early pads with the last time it reached. (The branch is
-    # taken only if some trajectory of the batch failed.)
-    mesh_ts = jax.lax.cond(
-        eqxi.unvmap_any(c["tprev"] < ti1),
-        lambda ts: pad_after(ts, num_accepted),
-        lambda ts: ts,
-        c["mesh_ts"],
-    )
-    step_ends = direction * mesh_ts[1:]
-    if num_ts > 0:
-        # t0 == t1 takes no step: every requested save is the initial state.
-        ts_values = [
-            jnp.where(ti0 == ti1, jnp.broadcast_to(a, v.shape), v)
-            for a, v in zip(y, c["ts_values"])
-        ]
-        ts_values = to_leaves(ts_values, 1)
-    else:
-        ts_values = None
-    states = c.get("states")
-    step_values = None
-    if plan.steps:
-        step_values = to_leaves([s[1:] for s in states], 1)
-    layout = save_layout(plan, step_ends, max_steps)
-    ts_out, ys_out = assemble(
-        plan,
-        layout,
-        max_steps,
-        num_accepted,
-        ti0,
-        step_ends,
-        y0,
-        ts_values,
-        step_values,
-        to_leaves(c["y"]),
-    )
-    if has_jumps:
-        used = jnp.arange(max_steps) < num_accepted
-        step_starts = jnp.where(used, direction * c["starts"], mesh_ts[-1])
-        restarts = c["restarts"] & used
-    else:
-        step_starts = restarts = None
-    rtol, atol, norm = _tolerances(controller)
-    mesh = RecordedMesh(
-        ts=mesh_ts,
-        num_steps=num_accepted,
-        step_starts=step_starts,
-        restarts=restarts,
-        rtol=rtol,
-        atol=atol,
-        result=result,
-        norm=norm,
-        solver_type=type(solver),
-    )
-    stats = dict(
-        num_steps=c["num_steps"],
-        num_accepted_steps=num_accepted,
-        num_rejected_steps=c["num_rejected"],
-        max_steps=max_steps,
-    )
-    return RecordOutput(
-        mesh=mesh,
-        ts=caller_times(direction, ts_out),
-        ys=ys_out,
-        stats=stats,
-        result=result,
-        direction=direction,
-        # Where the solve stopped, in the caller's time: what a failure message
-        # needs, without keeping the mesh buffer alive in a forward-only solve.
-        t_reached=direction * c["tprev"],
-        layout=layout,
-        states=states if keep_states else None,
-        checkpoint_every=every,
-    )
+    return c, every
 
 
 def _tolerances(controller):

@@ -9,6 +9,7 @@ from diffrax._saveat import save_y as _save_y  # the default SaveAt fn
 
 from ._adjoint import adjoint_loop
 from ._diagnose import is_concrete, throw_eagerly, throw_in_graph
+from ._kernel_select import check_kernel_option
 from ._mesh import RecordedMesh
 from ._problem import LeafProblem, check_concrete_inputs, has_jump_ts, prepare
 from ._record import record_loop
@@ -92,7 +93,9 @@ def _refuse_time_derivatives(t0, t1, dt0, saveat):
     return t0, t1, dt0, saveat
 
 
-def _record(diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, keep):
+def _record(
+    diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, keep, kernel
+):
     y0, args, f = diff
     problem = LeafProblem(f=f, args=args, treedef=treedef)
     return record_loop(
@@ -107,22 +110,26 @@ def _record(diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, kee
         max_steps,
         keep_states=keep,
         has_jumps=has_jump_ts(controller),
+        kernel=kernel,
     )
 
 
 @eqx.filter_custom_vjp
-def _solve(diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef):
+def _solve(diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, kernel):
     return _record(
-        diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, False
+        diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, False, kernel
     )
 
 
 @_solve.def_fwd
 def _solve_fwd(
-    perturbed, diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef
+    perturbed, diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, kernel
 ):
-    del perturbed
-    out = _record(diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, True)
+    # The adjoint needs checkpointed states, which only the XLA loop keeps.
+    del perturbed, kernel
+    out = _record(
+        diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, True, "xla"
+    )
     residuals = (out.mesh, out.states, out.layout, out.checkpoint_every)
     out = eqx.tree_at(lambda o: o.states, out, None, is_leaf=lambda x: x is None)
     return out, residuals
@@ -142,8 +149,9 @@ def _solve_bwd(
     plan,
     max_steps,
     treedef,
+    kernel,
 ):
-    del perturbed, t0, t1, dt0, controller, max_steps
+    del perturbed, t0, t1, dt0, controller, max_steps, kernel
     mesh, states, layout, every = residuals
     ys_bar = [
         jnp.zeros((plan.size(mesh.max_steps),) + y.shape, y.dtype) if g is None else g
@@ -170,7 +178,18 @@ def _prepare_and_convert(terms, t0, t1, dt0, y0, args, saveat):
 
 @eqx.filter_jit
 def _fast_diffeqsolve(
-    terms, solver, t0, t1, dt0, y0, args, saveat, stepsize_controller, max_steps, throw
+    terms,
+    solver,
+    t0,
+    t1,
+    dt0,
+    y0,
+    args,
+    saveat,
+    stepsize_controller,
+    max_steps,
+    throw,
+    kernel,
 ):
     prepared, f = _prepare_and_convert(terms, t0, t1, dt0, y0, args, saveat)
     treedef = prepared.problem.treedef
@@ -184,6 +203,7 @@ def _fast_diffeqsolve(
         prepared.plan,
         max_steps,
         treedef,
+        kernel,
     )
     ys = out.ys
     if throw:
@@ -228,6 +248,7 @@ def diffeqsolve(
     solver_state=None,
     controller_state=None,
     made_jump=None,
+    kernel: str = "auto",
 ):
     """Solve an ODE; a drop-in replacement for `diffrax.diffeqsolve`.
 
@@ -244,6 +265,16 @@ def diffeqsolve(
     `diffrax.diffeqsolve`, whose `diffrax.Solution` is returned. Forward-mode
     derivatives (`jax.jvp`, `jax.jacfwd`) are available through [`gradsolve.replay`][],
     or through this function with `adjoint=diffrax.DirectAdjoint()` (which falls back).
+
+    `kernel` (the one argument Diffrax does not have) chooses how an ensemble,
+    `jax.vmap(gs.diffeqsolve)`, is solved: `"auto"` (default) runs the fused Pallas
+    kernel, one GPU kernel for the whole ensemble, when the backend is a GPU and the
+    problem fits (`gs.Tsit5`/`gs.Dopri5`, a `PIDController` with the RMS or max norm
+    or a `ConstantStepSize`, at most 32 state elements, small `args`,
+    `SaveAt(t0, t1, ts)`), else the XLA loop; `"pallas"` always the kernel (Pallas
+    interpret mode off a GPU; an error if the problem does not fit); `"xla"` never.
+    Both take the same steps. Under `jax.grad` the recording runs on XLA, which keeps
+    the states the adjoint needs.
 
     **Returns:**
 
@@ -263,7 +294,13 @@ def diffeqsolve(
         controller_state,
         made_jump,
     )
+    check_kernel_option(kernel)
     if reason is not None:
+        if kernel == "pallas":
+            raise ValueError(
+                f"kernel='pallas' cannot run this solve: {reason}. Use kernel='xla' "
+                "(or kernel='auto', which falls back by itself)."
+            )
         return diffrax.diffeqsolve(
             terms,
             solver,
@@ -298,6 +335,7 @@ def diffeqsolve(
         stepsize_controller,
         max_steps,
         throw and not eager,
+        kernel,
     )
     if eager:
         ys = throw_eagerly(
@@ -318,7 +356,18 @@ def diffeqsolve(
 
 @eqx.filter_jit
 def _fast_record(
-    terms, solver, t0, t1, dt0, y0, args, saveat, stepsize_controller, max_steps, throw
+    terms,
+    solver,
+    t0,
+    t1,
+    dt0,
+    y0,
+    args,
+    saveat,
+    stepsize_controller,
+    max_steps,
+    throw,
+    kernel,
 ):
     prepared = prepare(terms, t0, t1, dt0, y0, args, saveat)
     y0 = jax.lax.stop_gradient(prepared.y0)
@@ -338,6 +387,7 @@ def _fast_record(
         max_steps,
         prepared.problem.treedef,
         False,
+        kernel,
     )
     mesh = out.mesh
     if throw:
@@ -368,6 +418,7 @@ def record(
     ),
     max_steps: int = 4096,
     throw: bool = True,
+    kernel: str = "auto",
 ) -> RecordedMesh:
     """Solve adaptively and return the accepted steps as a `RecordedMesh`.
 
@@ -376,6 +427,10 @@ def record(
     No derivative flows through a recording: differentiate [`gradsolve.replay`][]
     over the mesh instead. Under `jax.vmap` every trajectory records its own steps
     and the mesh gains a leading batch axis; `mesh.trim()` then removes padding.
+
+    `kernel="auto"` (default), `"pallas"` or `"xla"` chooses the fused Pallas kernel
+    or the XLA loop for an ensemble, as in [`gradsolve.diffeqsolve`][]; both record
+    the same steps.
 
     **Returns:**
 
@@ -395,6 +450,7 @@ def record(
         None,
         None,
     )
+    check_kernel_option(kernel)
     if reason is not None:
         raise ValueError(
             f"gs.record cannot record this solve: {reason}. It records gradsolve "
@@ -415,6 +471,7 @@ def record(
         stepsize_controller,
         max_steps,
         throw and not eager,
+        kernel,
     )
     if eager:
         mesh = throw_eagerly(
