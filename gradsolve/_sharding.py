@@ -271,6 +271,21 @@ def run_sharded(fn, args: tuple, in_axes: tuple, split: Split, vmap: bool = Fals
     return eqx.combine(out, static_out[0])
 
 
+def ensemble_map(fn, in_axes: tuple, split: Split | None):
+    """`jax.vmap(fn, in_axes)`, run split over `split`'s devices when given."""
+    if split is None:
+        return jax.vmap(fn, in_axes=in_axes)
+    return lambda *args: run_sharded(fn, args, in_axes, split, vmap=True)
+
+
+def replicated(tree, split: Split | None):
+    """`tree` gathered onto every device of `split` (unchanged without one)."""
+    if split is None:
+        return tree
+    sharding = NamedSharding(split.mesh, P())
+    return jax.lax.with_sharding_constraint(tree, sharding)
+
+
 def sharded_vmap(fn, in_axes=0, *, sharding=None):
     """`jax.vmap` over an ensemble split across devices: each device maps `fn` over
     its own trajectories.
