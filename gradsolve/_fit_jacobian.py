@@ -126,7 +126,9 @@ def ensemble_residuals(
 
 
 @ensemble_residuals.def_jvp
-def _ensemble_residuals_jvp(primals, tangents, *, fn, in_axes, inputs, mode, split):
+def _ensemble_residuals_jvp(
+    primals, tangents, *, fn, in_axes, inputs, mode, split=None
+):
     (params,) = primals
     (t_params,) = tangents
     vmap_axes = (in_axes,) + (0,) * len(inputs)
