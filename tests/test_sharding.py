@@ -18,6 +18,7 @@ differences within its own tolerance.
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 
@@ -127,3 +128,42 @@ def test_exhaustive_sizes_chunks_and_fits():
     for key in ("n6_d4", "n16_d8"):
         assert out[f"fit_success_{key}"] == [0, 0]
         assert out[f"fit_rel_{key}"] <= 1e-6, key
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_one_process_result(tmp_path):
+    # Two local processes of two CPU devices each, joined by jax.distributed (as
+    # two hosts would be), run examples/sharded_ensemble.py unchanged.
+    example = ROOT / "examples" / "sharded_ensemble.py"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, str(example), "-n", "64"]
+    distributed = ["--coordinator", f"localhost:{port}", "--num-processes", "2"]
+    procs = [
+        subprocess.Popen(
+            cmd + distributed + ["--process-id", str(i)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outs = [p.communicate(timeout=900) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs[0][1][-3000:]
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    single = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert single.returncode == 0, single.stderr[-3000:]
+
+    def fields(text):
+        return dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+
+    one = fields(single.stdout)
+    for out, _ in outs:
+        two = fields(out)
+        assert two["processes"] == "2" and two["devices"] == "4"
+        assert two["loss"] == one["loss"]
+        assert "P('ensemble',)" in two["grads_sharding"]
