@@ -122,10 +122,10 @@ def _device_budget(memory_budget, split: Split | None):
         return memory_budget
     if jax.devices()[0].platform != "cpu":
         return default_budget()
-    devices = getattr(split.mesh, "devices", None)
-    if devices is None:  # an abstract mesh: count every device of the split
+    if not isinstance(split.mesh, jax.sharding.Mesh):  # abstract: count them all
         return default_budget() // split.size
-    here = [d for d in devices.flat if d.process_index == jax.process_index()]
+    devices = split.mesh.devices.flat
+    here = [d for d in devices if d.process_index == jax.process_index()]
     return default_budget() // max(len(here), 1)
 
 

@@ -16,6 +16,7 @@ stripped from the results, which then have a size no equal split holds: XLA gath
 them. Large ensembles should have a size the device count divides.
 """
 
+import contextlib
 import functools
 import math
 from typing import NamedTuple
@@ -122,10 +123,17 @@ def _split_of(x, what: str) -> Split | None:
 
 
 def _mesh_key(mesh):
-    ids = getattr(mesh, "device_ids", None)
-    return (tuple(mesh.axis_names), tuple(mesh.axis_sizes)) + (
-        () if ids is None else (tuple(np.ravel(ids)),)
-    )
+    # Inside `jit` an Explicit mesh is abstract: its devices are not known there.
+    return (tuple(mesh.axis_names), tuple(mesh.axis_sizes))
+
+
+def _same(a: Split, b: Split) -> bool:
+    if (_mesh_key(a.mesh), a.axes) != (_mesh_key(b.mesh), b.axes):
+        return False
+    ids = [m.devices if isinstance(m, Mesh) else None for m in (a.mesh, b.mesh)]
+    if any(x is None for x in ids):
+        return True
+    return [d.id for d in ids[0].flat] == [d.id for d in ids[1].flat]
 
 
 def _describe(split: Split) -> str:
@@ -182,16 +190,15 @@ def resolve_split(sharding, tree, in_axes, what: str = "the ensemble") -> Split 
     Raises a `ValueError` when arrays are split differently from each other or from
     `sharding=`.
     """
-    found = {}
+    found = []
     for x in _mapped_leaves(tree, in_axes):
         split = _split_of(x, what)
-        if split is not None:
-            found.setdefault((_mesh_key(split.mesh), split.axes), split)
+        if split is not None and not any(_same(split, f) for f in found):
+            found.append(split)
     requested = requested_split(sharding)
     if requested is not None:
-        key = (_mesh_key(requested.mesh), requested.axes)
-        for other_key, other in found.items():
-            if other_key != key:
+        for other in found:
+            if not _same(other, requested):
                 raise ValueError(
                     f"sharding= splits {what} over {_describe(requested)}, but its "
                     f"arrays are split over {_describe(other)}: place them with "
@@ -200,13 +207,13 @@ def resolve_split(sharding, tree, in_axes, what: str = "the ensemble") -> Split 
                 )
         return requested
     if len(found) > 1:
-        parts = " and ".join(_describe(s) for s in found.values())
+        parts = " and ".join(_describe(s) for s in found)
         raise ValueError(
             f"The arrays of {what} are split over different devices ({parts}): "
             "place them all with one sharding (jax.device_put(x, sharding)), or pass "
             "sharding= to choose one."
         )
-    return next(iter(found.values()), None)
+    return found[0] if found else None
 
 
 def batch_size(tree, in_axes) -> int:
@@ -248,6 +255,13 @@ def run_sharded(fn, args: tuple, in_axes: tuple, split: Split, vmap: bool = Fals
     shared = [x for x, k in zip(leaves, kind) if k == 1]
     body = jax.vmap(fn, in_axes=in_axes) if vmap else fn
     static_out = []
+    explicit = jax.sharding.AxisType.Explicit in getattr(split.mesh, "axis_types", ())
+    if explicit:
+        # On a mesh with Explicit axes, shard_map takes only inputs already placed
+        # as its specs say (and slices only outputs whose placement is explicit).
+        whole = NamedSharding(split.mesh, P())
+        mapped = [jax.sharding.reshard(x, split.sharding()) for x in mapped]
+        shared = [jax.sharding.reshard(x, whole) for x in shared]
 
     def local(mapped, shared):
         inputs = (iter(mapped), iter(shared))
@@ -267,8 +281,31 @@ def run_sharded(fn, args: tuple, in_axes: tuple, split: Split, vmap: bool = Fals
         check_vma=False,
     )(mapped, shared)
     if extra:
-        out = jtu.tree_map(lambda x: x[:batch], out)
+        whole = NamedSharding(split.mesh, P())
+        gather = (
+            (lambda x: jax.sharding.reshard(x, whole)) if explicit else (lambda x: x)
+        )
+        out = jtu.tree_map(lambda x: gather(x)[:batch], out)
     return eqx.combine(out, static_out[0])
+
+
+@contextlib.contextmanager
+def explained_explicit_mesh(name: str):
+    """Re-raise JAX's failure to trace `jax.vmap` of a while loop over arrays split
+    on a mesh with Explicit axes (JAX 0.10) with the fix."""
+    try:
+        yield
+    except ValueError as e:
+        if "is not found in mesh" not in str(e):
+            raise
+        raise ValueError(
+            f"jax.vmap of {name} cannot be traced on arrays split over a device mesh "
+            "with Explicit axes (jax.make_mesh's default): JAX fails to batch its "
+            "adaptive loop there. Use gs.sharded_vmap(f, sharding=...) around the "
+            f"per-trajectory function that calls {name}, which runs each device's "
+            "trajectories under jax.shard_map, or a mesh with Auto axes "
+            "(axis_types=(jax.sharding.AxisType.Auto,)) such as gs.ensemble_sharding()."
+        ) from e
 
 
 def ensemble_map(fn, in_axes: tuple, split: Split | None):

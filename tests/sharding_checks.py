@@ -166,6 +166,14 @@ def check_placement(out, slow):
         out["vmap_record_all_reduces"] = collectives(plain, y0s, ps)["all-reduce"]
 
 
+def check_explicit_mesh(out):
+    """A device mesh with Explicit axes (jax.make_mesh's default) works as well."""
+    sharding = NamedSharding(jax.make_mesh((8,), ("e",)), P("e"))
+    y0s, ps = ensemble(13)
+    mesh = gs.sharded_vmap(record_one, sharding=sharding)(y0s, ps).trim()
+    out["explicit_mesh_record"] = identical(mesh, jax.vmap(record_one)(y0s, ps).trim())
+
+
 def check_chunked(out, n, k):
     sharding = gs.ensemble_sharding(jax.devices()[:k])
     y0s, ps = ensemble(n)
@@ -238,6 +246,11 @@ def check_errors(out):
         "mismatched_request": lambda: gs.sharded_vmap(
             record_one, sharding=gs.ensemble_sharding(jax.devices()[:2])
         )(jax.device_put(y0s, gs.ensemble_sharding()), ps),
+        "explicit_mesh_vmap": lambda: jax.jit(jax.vmap(record_one))(
+            *jax.device_put(
+                (y0s, ps), NamedSharding(jax.make_mesh((8,), ("e",)), P("e"))
+            )
+        ),
         "bad_type": lambda: gs.sharded_vmap(record_one, sharding="devices")(y0s, ps),
         "in_axes": lambda: gs.sharded_vmap(
             record_one, in_axes=(1, 0), sharding=gs.ensemble_sharding()
@@ -263,6 +276,7 @@ def main(slow: bool):
     run("errors", check_errors)
     run("placement", check_placement, slow)
     run("sizes", check_sizes, (13, 16) if slow else (13,), (1, 2, 4, 8), slow)
+    run("explicit", check_explicit_mesh)
     run("chunked", check_chunked, 13, 4)
     if slow:  # two Optimistix fits compile for half a minute
         run("chunked_slow", check_chunked, 16, 8)

@@ -93,6 +93,10 @@ def test_chunked_record_and_replay_identical(checks):
     assert checks["replay_ensemble_n13_d4"]
 
 
+def test_explicit_axes_mesh(checks):
+    assert checks["explicit_mesh_record"]
+
+
 def test_placed_arrays_stay_split_without_communication(checks):
     assert checks["record_inferred_identical"] and checks["trim_identical"]
     for what in ("record", "trim", "grad", "eager_replay"):
@@ -112,6 +116,7 @@ def test_bad_shardings_name_the_fix(checks):
     assert "sharding=None to follow the arrays" in errors["mismatched_request"]
     assert "must be a jax.sharding.NamedSharding" in errors["bad_type"]
     assert "jnp.moveaxis" in errors["in_axes"]
+    assert "Use gs.sharded_vmap" in errors["explicit_mesh_vmap"]
 
 
 @pytest.mark.slow
