@@ -19,6 +19,10 @@ from ._fit import FitResult as FitResult, fit as fit
 from ._mesh import RecordedMesh as RecordedMesh
 from ._mesh_io import load_mesh as load_mesh, save_mesh as save_mesh
 from ._replay import replay as replay
+from ._sharding import (
+    ensemble_sharding as ensemble_sharding,
+    sharded_vmap as sharded_vmap,
+)
 from ._solution import Solution as Solution
 from ._solve import diffeqsolve as diffeqsolve, record as record
 from ._solver import (

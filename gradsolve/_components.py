@@ -293,6 +293,17 @@ class Layout(eqx.Module):
         return out
 
 
+def _struct(shape, dtype) -> jax.ShapeDtypeStruct:
+    """The type of one trajectory's array here. Inside `jax.shard_map` (a sharded
+    ensemble) values carry the device mesh in their type: the traced vector field
+    must see the same types as the closure-converted one was built with."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return jax.ShapeDtypeStruct(shape, dtype)
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+
 def _split_args(args):
     """`args` as (static part, its array leaves' treedef, the leaves' structs, inputs):
     small floating-point leaves are split into components once, here, so that the
@@ -300,7 +311,7 @@ def _split_args(args):
     cotangents are accumulated per component."""
     dynamic, static = eqx.partition(args, eqx.is_array)
     leaves, treedef = jtu.tree_flatten(dynamic)
-    structs = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in leaves]
+    structs = [_struct(jnp.shape(x), jnp.result_type(x)) for x in leaves]
     inputs = []
     for x, st in zip(leaves, structs):
         if jnp.issubdtype(st.dtype, jnp.inexact) and 0 < x.size <= MAX_COMPONENTS:
@@ -325,7 +336,7 @@ def args_from_elements(static, treedef, structs, elements) -> tuple:
 
 def component_field(f, treedef, layout: Layout, t, comps, split_args) -> list:
     """`f(t, y, args)` for `y` given as components; returns components."""
-    structs = [jax.ShapeDtypeStruct(s, d) for s, d in zip(layout.shapes, layout.dtypes)]
+    structs = [_struct(s, d) for s, d in zip(layout.shapes, layout.dtypes)]
     static, args_treedef, args_structs, args_inputs = split_args
 
     def g(t, y_leaves, args_leaves):

@@ -19,6 +19,7 @@ import jax.tree_util as jtu
 
 from ._mesh import RecordedMesh
 from ._replay import replay
+from ._sharding import Split, full_axes, pad_rows, resolve_split, run_sharded
 from ._short_buffer import pad_steps, record_with_short_buffer
 from ._solution import Solution
 from ._solve import record
@@ -106,9 +107,8 @@ def _split(tree, batch: int, size: int):
     chunks = -(-batch // size)
 
     def split(x):
-        x = jnp.asarray(x)
-        pad = jnp.repeat(x[-1:], chunks * size - batch, axis=0)
-        return jnp.concatenate([x, pad]).reshape((chunks, size) + x.shape[1:])
+        x = pad_rows(jnp.asarray(x), chunks * size - batch)
+        return x.reshape((chunks, size) + x.shape[1:])
 
     return jtu.tree_map(split, tree)
 
@@ -121,6 +121,66 @@ def _record_batch(terms, solver, t0, t1, dt0, y0, args, args_axes, steps, throw,
         terms, solver, t0, t1, dt0, y, a, max_steps=steps, throw=throw, **kw
     )
     return jax.vmap(one, in_axes=(0, args_axes))(y0, args)
+
+
+def _record_one(terms, solver, t0, t1, dt0, y0, args, max_steps, kwargs):
+    return record(terms, solver, t0, t1, dt0, y0, args, max_steps=max_steps, **kwargs)
+
+
+def _device_budget(memory_budget, split: Split | None):
+    """The bytes one device may use: CPU devices of one process share its memory."""
+    if memory_budget is not None or split is None:
+        return memory_budget
+    if jax.devices()[0].platform != "cpu":
+        return default_budget()
+    if not isinstance(split.mesh, jax.sharding.Mesh):  # abstract: count them all
+        return default_budget() // split.size
+    devices = split.mesh.devices.flat
+    here = [d for d in devices if d.process_index == jax.process_index()]
+    return default_budget() // max(len(here), 1)
+
+
+def _place(tree, in_axes, batch: int, split: Split):
+    """The mapped leaves padded to whole shards and placed on the split's devices."""
+    extra = -batch % split.size
+    sharding = split.sharding()
+    axes = full_axes(in_axes, tree)
+
+    def place(axis, x):
+        if axis != 0 or not eqx.is_array(x):
+            return x
+        return jax.device_put(pad_rows(jnp.asarray(x), extra) if extra else x, sharding)
+
+    return jtu.tree_map(place, axes, tree, is_leaf=lambda x: x is None)
+
+
+@eqx.filter_jit
+def _device_rows(tree, in_axes, split: Split, start: int, size: int):
+    """Rows `[start, start + size)` of every device's shard, still on that device."""
+
+    def take(axis, x):
+        if axis != 0 or not eqx.is_array(x):
+            return x
+        x = x.reshape((split.size, -1) + x.shape[1:])[:, start : start + size]
+        return jax.lax.with_sharding_constraint(
+            x.reshape((-1,) + x.shape[2:]), split.sharding()
+        )
+
+    return jtu.tree_map(take, full_axes(in_axes, tree), tree, is_leaf=_is_none)
+
+
+@eqx.filter_jit
+def _join_device_rows(chunks, split: Split):
+    """The inverse of `_device_rows` over all chunks: each device's rows in order."""
+
+    def join(*xs):
+        parts = [x.reshape((split.size, -1) + x.shape[1:]) for x in xs]
+        x = jnp.concatenate(parts, axis=1)
+        return jax.lax.with_sharding_constraint(
+            x.reshape((-1,) + x.shape[2:]), split.sharding()
+        )
+
+    return jtu.tree_map(join, *chunks)
 
 
 def record_ensemble(
@@ -136,57 +196,97 @@ def record_ensemble(
     max_steps: int = 4096,
     memory_budget: int | None = None,
     chunk_size: int | None = None,
+    sharding=None,
     **kwargs,
 ) -> RecordedMesh:
     """Record an ensemble in chunks that fit a memory budget; return a trimmed mesh.
 
     Equivalent to `jax.vmap` of [`gradsolve.record`][] followed by `trim()` (the same
     mesh), but faster and smaller: the `(max_steps + 1)`-long buffers exist for one
-    chunk at a time, and each chunk is first recorded with a buffer of 256 steps;
-    only the trajectories that need more (or fail) are recorded again with
-    `max_steps`.
+    chunk at a time, and on one device each chunk is first recorded with a buffer of
+    256 steps; only the trajectories that need more (or fail) are recorded again
+    with `max_steps`. On several devices (see `sharding`) every device records its
+    own trajectories, chunk by chunk, and steps independently of the others; the mesh
+    stays split across the devices.
 
     **Arguments:**
 
     As [`gradsolve.record`][], with `y0` (and `args` when `args_axes=0`) batched
     along a leading axis, and:
 
-    - `memory_budget`: bytes the recording may use (default: half the available
-        memory, see `available_memory`).
-    - `chunk_size`: trajectories per chunk (default: as many as fit the budget).
+    - `memory_budget`: bytes the recording may use on each device (default: half
+        the available memory, see `available_memory`, shared by a host's CPU
+        devices).
+    - `chunk_size`: trajectories per chunk on each device (default: as many as fit
+        the budget).
+    - `sharding`: the devices to split the ensemble over (see
+        [`gradsolve.sharded_vmap`][]): a `jax.sharding.NamedSharding` of the
+        leading axis, a `jax.sharding.Mesh`, or `None` to follow `y0`'s and `args`'
+        own placement.
 
     **Returns:**
 
-    A batched, trimmed [`gradsolve.RecordedMesh`][].
+    A batched, trimmed [`gradsolve.RecordedMesh`][], split like the ensemble.
     """
     batch = jtu.tree_leaves(y0)[0].shape[0]
+    split = resolve_split(sharding, (y0, args), (0, args_axes), "gs.record_ensemble")
+    if batch == 0:
+        split = None
+    devices = 1 if split is None else split.size
+    local_batch = -(-batch // devices)
     if chunk_size is None:
         per = estimate_memory(1, max_steps, y0)["record"]
-        chunk_size = _chunk_size(batch, per, memory_budget, "recording")
+        budget = _device_budget(memory_budget, split)
+        chunk_size = _chunk_size(local_batch, per, budget, "recording")
     throw = kwargs.pop("throw", True)
+    if split is None:
 
-    def record_batch(steps, throw):
-        return lambda y, a: _record_batch(
-            terms, solver, t0, t1, dt0, y, a, args_axes, steps, throw, kwargs
-        )
-
-    meshes = []
-    for start in range(0, max(batch, 1), chunk_size):
-        take = lambda x: x[start : start + chunk_size]
-        chunk_args = args if args_axes is None else jtu.tree_map(take, args)
-        meshes.append(
-            record_with_short_buffer(
-                record_batch,
-                jtu.tree_map(take, y0),
-                chunk_args,
-                args_axes,
-                max_steps,
-                throw,
+        def record_batch(steps, throw):
+            return lambda y, a: _record_batch(
+                terms, solver, t0, t1, dt0, y, a, args_axes, steps, throw, kwargs
             )
-        )
+
+        meshes = []
+        for start in range(0, max(batch, 1), chunk_size):
+            take = lambda x: x[start : start + chunk_size]
+            chunk_args = args if args_axes is None else jtu.tree_map(take, args)
+            meshes.append(
+                record_with_short_buffer(
+                    record_batch,
+                    jtu.tree_map(take, y0),
+                    chunk_args,
+                    args_axes,
+                    max_steps,
+                    throw,
+                )
+            )
+        return jtu.tree_map(lambda *xs: jnp.concatenate(xs), *_pad_steps(meshes))
+    kwargs = dict(kwargs, throw=throw)
+    # Chunks are taken within every device's shard, so no trajectory moves.
+    inputs = _place((y0, args), (0, args_axes), batch, split)
+    fixed = (terms, solver, t0, t1, dt0)
+    axes = (None,) * 5 + (0, args_axes, None, None)
+    meshes = []
+    for start in range(0, local_batch, chunk_size):
+        y, a = _device_rows(inputs, (0, args_axes), split, start, chunk_size)
+        chunk = fixed + (y, a, max_steps, kwargs)
+        mesh = run_sharded(_record_one, chunk, axes, split, vmap=True)
+        meshes.append(mesh.trim())
+    mesh = _join_device_rows(_pad_steps(meshes), split)
+    if devices * local_batch != batch:
+        # The padding trajectories go; what remains cannot be split evenly.
+        mesh = jtu.tree_map(lambda x: x[:batch], mesh)
+    return mesh
+
+
+def _pad_steps(meshes):
+    """Meshes padded to the longest one's steps: more zero-length steps at the end."""
     length = max(m.max_steps for m in meshes)
-    meshes = [pad_steps(m, length) for m in meshes]
-    return jtu.tree_map(lambda *xs: jnp.concatenate(xs), *meshes)
+    return [pad_steps(m, length) for m in meshes]
+
+
+def _is_none(x):
+    return x is None
 
 
 def replay_ensemble(
@@ -201,30 +301,52 @@ def replay_ensemble(
     stale: str = "warn",
     memory_budget: int | None = None,
     chunk_size: int | None = None,
+    sharding=None,
 ) -> Solution:
     """[`gradsolve.replay`][] of a batched mesh, in chunks sized for its gradient.
 
     The chunks run one after another (`lax.map`), each under `jax.checkpoint`, so
     reverse mode holds the per-step states of one chunk at a time. The values and
-    gradients are those of `gs.replay` on the whole batch.
+    gradients are those of `gs.replay` on the whole batch. On several devices every
+    device replays its own trajectories in its own chunks.
 
     **Arguments:**
 
     As [`gradsolve.replay`][], and:
 
-    - `memory_budget`: bytes the gradient may use (default: half the available
-        memory).
-    - `chunk_size`: trajectories per chunk (default: as many as fit the budget).
+    - `memory_budget`: bytes the gradient may use on each device (default: half the
+        available memory, shared by a host's CPU devices).
+    - `chunk_size`: trajectories per chunk on each device (default: as many as fit
+        the budget).
+    - `sharding`: as for [`gradsolve.record_ensemble`][]; by default the mesh's,
+        `y0`'s and `args`' own placement.
 
     **Returns:**
 
-    A [`gradsolve.Solution`][] as from `gs.replay`.
+    A [`gradsolve.Solution`][] as from `gs.replay`, split like the ensemble.
     """
     batch = mesh.ts.shape[0]
+    inputs = (mesh, y0, args)
+    in_axes = (0, 0, args_axes)
+    split = resolve_split(sharding, inputs, in_axes, "gs.replay_ensemble")
+    if batch == 0:
+        split = None
+    devices = 1 if split is None else split.size
     if chunk_size is None:
         saves = max(1, len(saveat.subs.ts) if saveat.subs.ts is not None else 1)
         per = estimate_memory(1, mesh.max_steps, y0, saves=saves)["gradient"]
-        chunk_size = _chunk_size(batch, per, memory_budget, "gradient")
+        budget = _device_budget(memory_budget, split)
+        chunk_size = _chunk_size(-(-batch // devices), per, budget, "gradient")
+    fixed = (terms, solver, saveat, args_axes, stale, chunk_size)
+    if split is None:
+        return _replay_chunks(*fixed, *inputs)
+    axes = (None,) * len(fixed) + in_axes
+    return run_sharded(_replay_chunks, fixed + inputs, axes, split)
+
+
+def _replay_chunks(terms, solver, saveat, args_axes, stale, chunk_size, mesh, y0, args):
+    """`replay_ensemble` on one device's trajectories."""
+    batch = mesh.ts.shape[0]
     if batch == 0 or chunk_size >= batch:
         return replay(
             mesh,

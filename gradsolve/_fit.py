@@ -6,6 +6,7 @@ from typing import Literal
 
 import diffrax
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
@@ -95,9 +96,16 @@ def _compare(problem: FitProblem, params, mesh, fresh_mesh):
 
 
 def _finite(tree) -> bool:
-    # On the host (NumPy): no dispatch of a compiled reduction per leaf.
     leaves = [x for x in jtu.tree_leaves(tree) if eqx.is_inexact_array(x)]
-    return all(np.isfinite(np.asarray(x)).all() for x in leaves)
+    return all(_all_finite(x) for x in leaves)
+
+
+def _all_finite(x) -> bool:
+    if isinstance(x, jax.Array) and len(x.sharding.device_set) > 1:
+        # Reduced where the values lie (across hosts, no process holds them all).
+        return bool(jnp.all(jnp.isfinite(x)))
+    # On the host (NumPy): no dispatch of a compiled reduction per leaf.
+    return bool(np.isfinite(np.asarray(x)).all())
 
 
 def fit(
@@ -124,6 +132,7 @@ def fit(
     max_rounds: int = 8,
     max_iterations: int = 256,
     max_steps: int = 4096,
+    sharding=None,
 ) -> FitResult:
     """Fit the parameters of an ODE ensemble to observations, reusing recorded meshes.
 
@@ -188,6 +197,11 @@ def fit(
     - `max_rounds`: the most optimiser runs (each after a fresh record).
     - `max_iterations`: the most steps of one optimiser run.
     - `max_steps`: the most steps of one trajectory's recording.
+    - `sharding`: the devices to split the experiments over (see
+        [`gradsolve.sharded_vmap`][]): a `jax.sharding.NamedSharding` of the leading
+        axis or a `jax.sharding.Mesh`; by default, the devices `y0s` and `data` lie
+        on. Every device records, replays and differentiates its own experiments;
+        the optimiser's reductions over all residuals cross devices.
 
     **Returns:**
 
@@ -223,6 +237,7 @@ def fit(
         t0=t0,
         params_axes=params_axes,
         fit_y0=fit_y0,
+        sharding=sharding,
     )
     stats = dict(rounds=0, records=0, stale_meshes=0, iterations=0)
     result = optx.RESULTS.successful

@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
+from ._sharding import Split, ensemble_map, replicated
+
 
 def block_mode(residuals: int, params, in_axes) -> str:
     """`"fwd"` or `"bwd"`: the mode that computes one trajectory's Jacobian block in
@@ -103,7 +105,9 @@ def _contract(jac, tangent):
 
 
 @eqx.filter_custom_jvp
-def ensemble_residuals(params, *, fn: Callable, in_axes, inputs, mode: str):
+def ensemble_residuals(
+    params, *, fn: Callable, in_axes, inputs, mode: str, split: Split | None = None
+):
     """All residuals `jax.vmap(fn, in_axes=(in_axes, 0, ...))(params, *inputs)`.
 
     **Arguments:**
@@ -114,16 +118,22 @@ def ensemble_residuals(params, *, fn: Callable, in_axes, inputs, mode: str):
     - `inputs`: a tuple of PyTrees with a leading ensemble axis (meshes, data, ...).
     - `mode`: `"fwd"` or `"bwd"`: how each trajectory's Jacobian block is computed
         (see `block_mode`).
+    - `split`: the devices the ensemble is split over (`None`: one device); every
+        device computes its own trajectories' blocks.
     """
-    return jax.vmap(fn, in_axes=(in_axes,) + (0,) * len(inputs))(params, *inputs)
+    axes = (in_axes,) + (0,) * len(inputs)
+    return replicated(ensemble_map(fn, axes, split)(params, *inputs), split)
 
 
 @ensemble_residuals.def_jvp
-def _ensemble_residuals_jvp(primals, tangents, *, fn, in_axes, inputs, mode):
+def _ensemble_residuals_jvp(
+    primals, tangents, *, fn, in_axes, inputs, mode, split=None
+):
     (params,) = primals
     (t_params,) = tangents
     vmap_axes = (in_axes,) + (0,) * len(inputs)
-    jac, out = jax.vmap(_jacobian(fn, mode), in_axes=vmap_axes)(params, *inputs)
+    jac, out = ensemble_map(_jacobian(fn, mode), vmap_axes, split)(params, *inputs)
+    out = replicated(out, split)
     if t_params is None:
         return out, jnp.zeros_like(out)
     # Symbolic zero tangents (None) become zeros, to keep the leaves aligned.
@@ -133,5 +143,5 @@ def _ensemble_residuals_jvp(primals, tangents, *, fn, in_axes, inputs, mode):
         params,
         is_leaf=lambda x: x is None,
     )
-    t_out = jax.vmap(_contract, in_axes=(0, in_axes))(jac, tangent)
-    return out, t_out
+    t_out = ensemble_map(_contract, (0, in_axes), split)(jac, tangent)
+    return out, replicated(t_out, split)

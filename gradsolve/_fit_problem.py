@@ -4,6 +4,7 @@ Every check of the user's inputs runs on the host, before anything is compiled, 
 raises a `ValueError` that says what to change.
 """
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -18,6 +19,7 @@ from jaxtyping import Array, PyTree
 from ._fit_jacobian import block_mode, ensemble_residuals
 from ._mesh import RecordedMesh
 from ._replay import replay
+from ._sharding import Split, ensemble_map, replicated, resolve_split
 from ._solve import record
 
 
@@ -43,6 +45,8 @@ class FitProblem(eqx.Module):
     observe: Callable = eqx.field(static=True)
     params_axes: object = eqx.field(static=True)
     fit_y0: bool = eqx.field(static=True)
+    # The devices the ensemble is split over (`None`: one device).
+    devices: Split | None = eqx.field(static=True, default=None)
 
     def split(self, params):
         """`(parameters of the vector field, initial states)` of the fit variable."""
@@ -68,7 +72,7 @@ class FitProblem(eqx.Module):
                 throw=False,
             )
 
-        return jax.vmap(one, in_axes=(0, self.params_axes))(y0s, theta)
+        return ensemble_map(one, (0, self.params_axes), self.devices)(y0s, theta)
 
     def observed(self, theta, ys):
         """Apply `observe(y, params)` to every saved state of every trajectory."""
@@ -76,7 +80,8 @@ class FitProblem(eqx.Module):
         def per_trajectory(ys_i, p):
             return jax.vmap(lambda y: self.observe(y, p))(ys_i)
 
-        return jax.vmap(per_trajectory, in_axes=(0, self.params_axes))(ys, theta)
+        axes = (0, self.params_axes)
+        return ensemble_map(per_trajectory, axes, self.devices)(ys, theta)
 
     def predict(self, params, mesh: RecordedMesh):
         """Observables at `ts` from a replay over `mesh`, and its error ratio."""
@@ -90,6 +95,7 @@ class FitProblem(eqx.Module):
             saveat=diffrax.SaveAt(ts=self.ts),
             args_axes=self.params_axes,
             stale="ignore",  # the fit checks the ratio itself
+            sharding=self.devices,
         )
         ratio = sol.stats.get("max_error_ratio")
         ratio = jnp.zeros(()) if ratio is None else jnp.max(ratio)
@@ -124,13 +130,15 @@ class FitProblem(eqx.Module):
         inputs = (self.y0s, mesh, self.data, self.sqrt_weights)
         if mode is None:
             axes = (self.in_axes,) + (0,) * len(inputs)
-            return jax.vmap(self.trajectory_residuals, in_axes=axes)(params, *inputs)
+            fn = ensemble_map(self.trajectory_residuals, axes, self.devices)
+            return replicated(fn(params, *inputs), self.devices)
         return ensemble_residuals(
             params,
             fn=self.trajectory_residuals,
             in_axes=self.in_axes,
             inputs=inputs,
             mode=mode,
+            split=self.devices,
         )
 
     def block_mode(self, params) -> str:
@@ -166,6 +174,7 @@ def make_problem(
     t0,
     params_axes,
     fit_y0,
+    sharding=None,
 ) -> tuple[FitProblem, PyTree]:
     """Check the inputs of `gs.fit` and build the problem and the initial variable."""
     ts = jnp.asarray(ts)
@@ -254,6 +263,28 @@ def make_problem(
     problem = eqx.tree_at(
         lambda p: (p.sqrt_weights, p.data), problem, (sqrt_weights, data)
     )
+    return _place(problem, params0, batch, sharding)
+
+
+def _place(problem: FitProblem, params0, batch: int, sharding):
+    """Split the problem's per-experiment arrays (and per-experiment parameters)
+    over the devices `sharding` asks for, or that `y0s` and `data` lie on."""
+    in_axes = (problem.in_axes, 0, 0)
+    inputs = (params0, problem.y0s, problem.data)
+    split = resolve_split(sharding, inputs, in_axes, "gs.fit's ensemble")
+    if split is None or batch == 0:
+        return problem, params0
+    problem = dataclasses.replace(problem, devices=split)
+    if batch % split.size:
+        # Equal shards cannot hold this ensemble: it is padded at every call.
+        return problem, params0
+    is_none = lambda x: x is None
+    fields = lambda p: (p.y0s, p.data, p.sqrt_weights)
+    placed = tuple(
+        None if x is None else jax.device_put(x, split.sharding())
+        for x in fields(problem)
+    )
+    problem = eqx.tree_at(fields, problem, placed, is_leaf=is_none)
     return problem, params0
 
 

@@ -4,6 +4,7 @@ from collections.abc import Callable
 
 import diffrax
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Int, Real
@@ -84,7 +85,10 @@ class RecordedMesh(eqx.Module):
 
         Runs on the host (it needs concrete step counts), once per mesh, not inside
         `jax.jit`. The replay over the trimmed mesh gives the same result as over the
-        original: only zero-length padding steps are removed.
+        original: only zero-length padding steps are removed. A mesh split across
+        devices (or hosts) stays split: the longest trajectory is found by a reduction
+        of the step counts (one integer crosses devices), and the padding is cut from
+        the step axis on every device, so one bucket serves the whole ensemble.
 
         **Arguments:**
 
@@ -97,8 +101,8 @@ class RecordedMesh(eqx.Module):
         a bucket (see `bucket_length`), or `at_least` if that is more.
         """
         try:
-            longest = int(np.max(np.asarray(self.num_steps), initial=0))
-        except Exception as e:  # a tracer cannot be made concrete
+            longest = _longest(self.num_steps)
+        except jax.errors.ConcretizationTypeError as e:
             raise ValueError(
                 "RecordedMesh.trim() needs concrete step counts: call it outside "
                 "jax.jit/vmap, on a mesh returned by gs.record, once per mesh."
@@ -116,6 +120,19 @@ class RecordedMesh(eqx.Module):
             (ts, step_starts, restarts),
             is_leaf=lambda x: x is None,
         )
+
+
+def _longest(num_steps) -> int:
+    """The largest step count, 0 for an empty ensemble."""
+    if isinstance(num_steps, jax.core.Tracer):
+        raise jax.errors.ConcretizationTypeError(num_steps)
+    if isinstance(num_steps, jax.Array) and len(num_steps.sharding.device_set) > 1:
+        # Reduced where the counts live: no copy of the ensemble to one place (and
+        # across hosts only the replicated result can be read).
+        if num_steps.size == 0:
+            return 0
+        return int(jnp.max(num_steps))
+    return int(np.max(np.asarray(num_steps), initial=0))
 
 
 def pad_after(values: Array, num_steps: Array) -> Array:

@@ -14,6 +14,7 @@ from ._components import Representation
 from ._mesh import RecordedMesh
 from ._problem import LeafProblem, prepare
 from ._saving import SavePlan, assemble, caller_times, save_layout
+from ._sharding import resolve_split, run_sharded
 from ._solution import Solution
 from ._solver.base import AbstractGradsolveSolver
 from ._solver.interpolation import combine, normalised_time
@@ -141,6 +142,7 @@ def replay(
     allow_other_solver: bool = False,
     args_axes=None,
     stale: str = "warn",
+    sharding=None,
 ) -> Solution:
     """Solve again over a recorded mesh, with fixed steps; differentiable.
 
@@ -170,6 +172,14 @@ def replay(
         (`stats["max_error_ratio"] > 1`): `"warn"` (a `gs.StaleMeshWarning`),
         `"error"` (an error, also inside `jit`) or `"ignore"`. The check costs no
         host round trip unless the mesh is stale.
+    - `sharding`: for a batched mesh, the devices to split the ensemble over (see
+        [`gradsolve.sharded_vmap`][]): a `jax.sharding.NamedSharding` of the leading
+        axis or a `jax.sharding.Mesh`. By default a mesh, `y0` or `args` placed on
+        several devices (`jax.device_put`) is replayed where it lies: every device
+        replays, checks and differentiates its own trajectories, and the results stay
+        split. Inside `jax.jit` pass it explicitly unless the mesh is a constant (or
+        the device mesh has Explicit axes); otherwise XLA partitions the replay
+        itself, with a few scalar all-reduces for the input and staleness checks.
 
     **Returns:**
 
@@ -193,8 +203,23 @@ def replay(
     if not isinstance(terms, diffrax.ODETerm):
         raise TypeError(f"gs.replay needs a diffrax.ODETerm; got {type(terms)}.")
     if mesh.is_batched:
-        sol = _replay_batched(mesh, terms, solver, y0, args, saveat, args_axes)
-        return _checked(sol, stale)
+        _check_batch(mesh, y0, args, args_axes)
+        split = resolve_split(
+            sharding, (mesh, y0, args), (0, 0, args_axes), "gs.replay"
+        )
+        if split is None or mesh.ts.shape[0] == 0:
+            sol = _replay_batched(mesh, terms, solver, y0, args, saveat, args_axes)
+            return _checked(sol, stale)
+        # Each device replays and checks its own trajectories: the staleness check's
+        # reductions stay on the device too.
+        inputs = (terms, solver, saveat, args_axes, stale, mesh, y0, args)
+        axes = (None,) * 5 + (0, 0, args_axes)
+        return run_sharded(_replay_checked, inputs, axes, split)
+    if sharding is not None:
+        raise ValueError(
+            "sharding= splits an ensemble, but this mesh holds one trajectory: "
+            "replay a batched mesh (from jax.vmap of gs.record), or drop sharding=."
+        )
     if mesh.ts.ndim != 1:
         raise ValueError(f"mesh.ts must have one or two axes; got {mesh.ts.shape}.")
     _check_saveat(saveat)
@@ -248,7 +273,12 @@ def _check_saveat(saveat: diffrax.SaveAt):
         raise ValueError("gs.replay supports SaveAt(steps=True) but not steps=n > 1.")
 
 
-def _replay_batched(mesh, terms, solver, y0, args, saveat, args_axes):
+def _replay_checked(terms, solver, saveat, args_axes, stale, mesh, y0, args):
+    sol = _replay_batched(mesh, terms, solver, y0, args, saveat, args_axes)
+    return _checked(sol, stale)
+
+
+def _check_batch(mesh, y0, args, args_axes):
     batch = mesh.ts.shape[0]
     sizes = {x.shape[0] if x.ndim else None for x in jtu.tree_leaves(y0)}
     if sizes != {batch}:
@@ -271,6 +301,8 @@ def _replay_batched(mesh, terms, solver, y0, args, saveat, args_axes):
                 "them."
             )
 
+
+def _replay_batched(mesh, terms, solver, y0, args, saveat, args_axes):
     def one(m, y, a):
         return replay(
             m,

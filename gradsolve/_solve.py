@@ -14,6 +14,7 @@ from ._mesh import RecordedMesh
 from ._problem import LeafProblem, check_concrete_inputs, has_jump_ts, prepare
 from ._record import record_loop
 from ._saving import SavePlan
+from ._sharding import explained_explicit_mesh
 from ._solution import Solution
 from ._solver.base import AbstractGradsolveSolver
 
@@ -323,20 +324,21 @@ def diffeqsolve(
     check_concrete_inputs(t0, t1, dt0, y0, args, saveat)
     # Called eagerly, a failure is explained on the host (with its time and cause).
     eager = throw and is_concrete(terms, t0, t1, dt0, y0, args, saveat)
-    sol = _fast_diffeqsolve(
-        terms,
-        solver,
-        t0,
-        t1,
-        dt0,
-        y0,
-        args,
-        saveat,
-        stepsize_controller,
-        max_steps,
-        throw and not eager,
-        kernel,
-    )
+    with explained_explicit_mesh("gs.diffeqsolve"):
+        sol = _fast_diffeqsolve(
+            terms,
+            solver,
+            t0,
+            t1,
+            dt0,
+            y0,
+            args,
+            saveat,
+            stepsize_controller,
+            max_steps,
+            throw and not eager,
+            kernel,
+        )
     if eager:
         ys = throw_eagerly(
             sol.ys,
@@ -459,20 +461,21 @@ def record(
         )
     check_concrete_inputs(t0, t1, dt0, y0, args, saveat)
     eager = throw and is_concrete(terms, t0, t1, dt0, y0, args, saveat)
-    mesh = _fast_record(
-        terms,
-        solver,
-        t0,
-        t1,
-        dt0,
-        y0,
-        args,
-        saveat,
-        stepsize_controller,
-        max_steps,
-        throw and not eager,
-        kernel,
-    )
+    with explained_explicit_mesh("gs.record"):
+        mesh = _fast_record(
+            terms,
+            solver,
+            t0,
+            t1,
+            dt0,
+            y0,
+            args,
+            saveat,
+            stepsize_controller,
+            max_steps,
+            throw and not eager,
+            kernel,
+        )
     if eager:
         mesh = throw_eagerly(
             mesh, mesh, None, t0, t1, terms, solver, y0, args, max_steps
