@@ -5,7 +5,9 @@ the DiffEqGPU.jl benchmark (rho = linspace(0, 21, N)), float64, rtol = atol = 1e
 loss = sum(y(t1)**2). Prints minimum times over repeats (after a compiling call) for
 Diffrax's forward and default-adjoint gradient, `gs.diffeqsolve` forward and gradient,
 and `gs.replay` forward and gradient over an existing trimmed mesh, plus the largest
-relative difference of the gradients from Diffrax's. Used for the table of levers in
+relative difference of the gradients from Diffrax's, and the time to record the
+ensemble's trimmed mesh with `jax.vmap(gs.record)` + `trim()` and with
+`gs.record_ensemble`. Used for the table of levers in
 benchmarks/README.md.
 """
 
@@ -80,6 +82,31 @@ def main(n: int):
         f"Lorenz, {n} trajectories, float64, rtol = atol = 1e-8, "
         f"mesh of {mesh.max_steps} steps"
     )
+    record_vmap = jax.jit(
+        ensemble(
+            lambda y0, p: gs.record(
+                term, gs.Tsit5(), 0.0, 1.0, None, y0, p, stepsize_controller=ctrl
+            )
+        )
+    )
+    recorders = {
+        "jit(vmap(gs.record)) + trim": lambda p: record_vmap(p).trim().ts,
+        "gs.record_ensemble": lambda p: (
+            gs.record_ensemble(
+                term,
+                gs.Tsit5(),
+                0.0,
+                1.0,
+                None,
+                y0s,
+                p,
+                args_axes=0,
+                stepsize_controller=ctrl,
+            ).ts
+        ),
+    }
+    for name, fn in recorders.items():
+        print(f"record, {name:28s} {best_ms(fn, params):8.2f} ms")
     for name in grads:
         fwd = best_ms(forwards[name], params, *extra[name])
         grad = best_ms(grads[name], params, *extra[name])

@@ -45,7 +45,7 @@ SLOW = pytest.mark.slow
     [
         pytest.param(1, marks=SLOW),
         pytest.param(SEGMENT_LENGTH - 1, marks=SLOW),
-        SEGMENT_LENGTH,
+        pytest.param(SEGMENT_LENGTH, marks=SLOW),
         SEGMENT_LENGTH + 1,
         pytest.param(2 * SEGMENT_LENGTH, marks=SLOW),
     ],

@@ -4,6 +4,7 @@ import pathlib
 import sys
 
 import numpy as np
+import pytest
 
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
@@ -25,6 +26,7 @@ def test_fit_lotka_volterra(tmp_path):
         np.testing.assert_allclose(r["params"], r["diffrax_params"], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_neural_ode(tmp_path):
     png = tmp_path / "node.png"
     out = neural_ode.main(steps=40, n=4, plot_path=png)
@@ -41,6 +43,7 @@ def test_swap_from_diffrax():
     assert swap_from_diffrax.main() < 1e-9
 
 
+@pytest.mark.slow
 def test_fit_robertson(tmp_path):
     # Rates eleven decades apart, recorded and replayed with gs.Rodas5; the data come
     # from Diffrax's Kvaerno5 at rtol = 1e-10 with the true rates.

@@ -73,7 +73,11 @@ def _losses(problem, ours, theirs, saveat):
     return diffrax_loss, gs_loss, replay_loss, mesh
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(
+    "name",
+    # The pendulum repeats what the other two show: the long tests run it.
+    [n if n != "pendulum" else pytest.param(n, marks=pytest.mark.slow) for n in NAMES],
+)
 @pytest.mark.parametrize("solver_name,saveat_name", CASES)
 def test_values_and_gradients_match_diffrax(name, solver_name, saveat_name):
     problem = PROBLEMS[name]

@@ -70,8 +70,16 @@ def _assert_same(xla, fused, *, rtol=0.0):
     np.testing.assert_allclose(fused.ys, xla.ys, rtol=max(rtol, 1e-300), atol=0)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
-@pytest.mark.parametrize("solver", [gs.Tsit5(), gs.Dopri5()], ids=["tsit5", "dopri5"])
+@pytest.mark.parametrize(
+    "solver,dtype",
+    [
+        (gs.Tsit5(), jnp.float64),
+        (gs.Tsit5(), jnp.float32),
+        (gs.Dopri5(), jnp.float64),
+        pytest.param(gs.Dopri5(), jnp.float32, marks=pytest.mark.slow),
+    ],
+    ids=["tsit5-float64", "tsit5-float32", "dopri5-float64", "dopri5-float32"],
+)
 def test_kernel_matches_xla(solver, dtype):
     ts = jnp.linspace(0.0, 0.5, 5).astype(dtype)
     ctrl = gs.PIDController(rtol=1e-5, atol=1e-5)

@@ -145,7 +145,7 @@ def _lv_property(system, t1, tol):
     _check("lotka_volterra", y0, p, t1, tol)
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=3, deadline=None)
 @given(stable_linear(), spans, tolerances)
 def test_random_stable_linear_systems(system, t1, tol):
     _linear_property(system, t1, tol)

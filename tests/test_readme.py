@@ -6,6 +6,7 @@ import re
 import diffrax
 import jax
 import jax.numpy as jnp
+import pytest
 
 from .helpers import max_relative_error
 
@@ -40,6 +41,7 @@ def test_readme_example_runs_and_matches_diffrax():
     assert max_relative_error(grads, jax.grad(diffrax_loss)(params)) <= 1e-9
 
 
+@pytest.mark.slow
 def test_readme_stiff_example_matches_diffrax_running_rodas5():
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
     stiff = [b for b in blocks if "gs.Rodas5()" in b]

@@ -179,7 +179,7 @@ CASES = {
 
 
 # The larger and PyTree states compile for longer: in the long test run.
-_SLOW_CASES = {"diffusion_40", "pendulum_stiff"}
+_SLOW_CASES = {"diffusion_40", "pendulum_stiff", "diffusion_6_backwards"}
 
 # Cases where Diffrax's default (PIDController) gradient is not the discrete adjoint of
 # its own accepted steps (it differs from Diffrax's StepTo gradient over those steps).
@@ -278,6 +278,7 @@ def _central_differences(fn, x, eps=1e-5):
     return jnp.stack(columns, axis=-1)
 
 
+@pytest.mark.slow
 def test_forward_and_reverse_mode_through_replay_match_finite_differences():
     observed, log_k = _robertson_observed()
     fd_jac = _central_differences(observed, log_k)
