@@ -204,7 +204,7 @@ def record_ensemble(
     Equivalent to `jax.vmap` of [`gradsolve.record`][] followed by `trim()` (the same
     mesh), but faster and smaller: the `(max_steps + 1)`-long buffers exist for one
     chunk at a time, and on one device each chunk is first recorded with a buffer of
-    256 steps; only the trajectories that need more (or fail) are recorded again
+    512 steps; only the trajectories that need more (or fail) are recorded again
     with `max_steps`. On several devices (see `sharding`) every device records its
     own trajectories, chunk by chunk, and steps independently of the others; the mesh
     stays split across the devices.

@@ -22,9 +22,10 @@ import numpy as np
 from ._mesh import RecordedMesh
 
 
-# Steps of the first recording's buffer: room for most trajectories, and filled
-# 16 times faster than the default `max_steps = 4096`.
-SHORT_BUFFER = 256
+# Steps (accepted and rejected) of the first recording's buffer: room for most
+# trajectories of small ODEs at tight tolerances (a few hundred steps), and filled
+# 8 times faster than the default `max_steps = 4096`.
+SHORT_BUFFER = 512
 
 
 def _bucket(count: int, batch: int) -> int:
@@ -72,7 +73,7 @@ def record_with_short_buffer(
         jtu.tree_map(take, y0),
         args if args_axes is None else jtu.tree_map(take, args),
     ).trim()
-    return _merge(mesh, again, failed)
+    return _merge(mesh, again, jnp.asarray(failed))
 
 
 def pad_steps(mesh: RecordedMesh, length: int) -> RecordedMesh:
@@ -90,9 +91,11 @@ def pad_steps(mesh: RecordedMesh, length: int) -> RecordedMesh:
     return eqx.tree_at(fields, mesh, new, is_leaf=lambda x: x is None)
 
 
+@eqx.filter_jit
 def _merge(mesh: RecordedMesh, again: RecordedMesh, rows) -> RecordedMesh:
-    """`mesh` with its trajectories `rows` replaced by the first rows of `again`."""
+    """`mesh` with its trajectories `rows` replaced by the first rows of `again`
+    (one compiled call: a handful of eager updates would cost more at small sizes)."""
     length = max(mesh.max_steps, again.max_steps)
     mesh, again = pad_steps(mesh, length), pad_steps(again, length)
-    n = len(rows)
+    n = rows.shape[0]
     return jtu.tree_map(lambda a, b: a.at[rows].set(b[:n]), mesh, again)
