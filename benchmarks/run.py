@@ -214,7 +214,9 @@ def main(argv=None):
             + sweep.speedup_lines(result)
             + [
                 "",
-                f"Plots: {result['plots']['forward']}, {result['plots']['gradient']}",
+                "Plots (beside this file): "
+                f"{Path(result['plots']['forward']).name}, "
+                f"{Path(result['plots']['gradient']).name}",
             ]
         )
         paths = report.write(
