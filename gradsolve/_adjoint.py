@@ -36,6 +36,12 @@ def is_float_array(x) -> bool:
     return isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.inexact)
 
 
+def _along(mask, x):
+    """`mask` (one entry per row of `x`) shaped to broadcast against `x`, whose
+    rows may be arrays (a state not split into components)."""
+    return mask.reshape(mask.shape + (1,) * (x.ndim - 1))
+
+
 def _add(xs, ys):
     return [x + y for x, y in zip(xs, ys)]
 
@@ -142,7 +148,7 @@ def adjoint_loop(
                 [x[local] for x in after],
                 [[x[local] for x in stage] for stage in dense],
             )
-            saved["ts"] = [jnp.where(inside, v, 0) for v in values]
+            saved["ts"] = [jnp.where(_along(inside, v), v, 0) for v in values]
         return y_end, saved
 
     def segment_back(carry):
@@ -157,7 +163,9 @@ def adjoint_loop(
             index = first + jnp.arange(length)
             valid = index < num_steps
             index = jnp.minimum(index, mesh.max_steps - 1)
-            saved_bar["steps"] = [jnp.where(valid, x[index], 0) for x in step_bar]
+            saved_bar["steps"] = [
+                jnp.where(_along(valid, x), x[index], 0) for x in step_bar
+            ]
         if ts_bar is not None:
             saved_bar["ts"] = ts_bar
         y_bar, d_bar = vjp((y_bar, saved_bar))

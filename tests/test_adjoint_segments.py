@@ -100,3 +100,40 @@ def test_ragged_ensemble_under_vmap():
     want, _ = loss(diffrax.diffeqsolve, diffrax.Tsit5())(rates)
     assert steps.min() < SEGMENT_LENGTH < 2 * SEGMENT_LENGTH < steps.max()
     assert max_relative_error(got, want) <= 1e-9
+
+
+@pytest.mark.parametrize("saves", ["t0_ts_t1", "steps_ts"])
+def test_a_state_held_as_an_array(saves):
+    # 40 elements: too many to split into components, so the reverse pass handles
+    # the state (and its saves) as arrays.
+    d = 40
+    lap = -2 * jnp.eye(d) + jnp.eye(d, k=1) + jnp.eye(d, k=-1)
+    term = diffrax.ODETerm(lambda t, y, k: k * (lap @ y) + jnp.sin(t))
+    y0 = jnp.sin(jnp.linspace(0, 3, d))
+    ts = jnp.array([0.1, 0.25, 0.4])
+    saveat = {
+        "t0_ts_t1": diffrax.SaveAt(t0=True, ts=ts, t1=True),
+        "steps_ts": diffrax.SaveAt(ts=ts, steps=True),
+    }[saves]
+    ctrl = diffrax.PIDController(rtol=1e-6, atol=1e-6)
+
+    def grad(solve, solver):
+        def loss(y0, k):
+            sol = solve(
+                term,
+                solver,
+                0.0,
+                0.5,
+                None,
+                y0,
+                k,
+                saveat=saveat,
+                stepsize_controller=ctrl,
+            )
+            return jnp.sum(jnp.where(jnp.isinf(sol.ys), 0, sol.ys) ** 2)
+
+        return jax.jit(jax.grad(loss, argnums=(0, 1)))(y0, 3.0)
+
+    got = grad(gs.diffeqsolve, gs.Tsit5())
+    want = grad(diffrax.diffeqsolve, diffrax.Tsit5())
+    assert max_relative_error(got, want) <= 1e-9
