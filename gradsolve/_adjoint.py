@@ -104,6 +104,12 @@ def adjoint_loop(
         y1, _, dense, _ = solver.step_leaves(vf, s, e, direction, y, None)
         return y1, dense
 
+    def segment_steps(first):
+        """The mesh indices of the steps `[first, first + length)` (clipped into the
+        mesh) and which of them were taken."""
+        index = first + jnp.arange(length)
+        return jnp.minimum(index, mesh.max_steps - 1), index < num_steps
+
     def segment(y, dynamic, first):
         """Steps `[first, first + length)` from the state before step `first`.
 
@@ -111,9 +117,7 @@ def adjoint_loop(
         `num_steps` are skipped (zero-length, and their result discarded), so that
         every segment has the same static length.
         """
-        index = first + jnp.arange(length)
-        valid = index < num_steps
-        index = jnp.minimum(index, mesh.max_steps - 1)
+        index, valid = segment_steps(first)
         # Gathered from the mesh directly: `mesh_steps` would first copy the whole
         # `(max_steps + 1)`-long buffer, once per gradient.
         e = direction * ts[index + 1]
@@ -160,9 +164,7 @@ def adjoint_loop(
         _, vjp = jax.vjp(lambda y, d: segment(y, d, first), start, diff_dynamic)
         saved_bar = {}
         if step_bar is not None:
-            index = first + jnp.arange(length)
-            valid = index < num_steps
-            index = jnp.minimum(index, mesh.max_steps - 1)
+            index, valid = segment_steps(first)
             saved_bar["steps"] = [
                 jnp.where(_along(valid, x), x[index], 0) for x in step_bar
             ]
