@@ -284,11 +284,15 @@ class Layout(eqx.Module):
         """Components (with `batch_dims` leading axes) to leaves."""
         out = []
         i = 0
+        # A zero-size leaf has no components to read the batch axes from.
+        lead = jnp.shape(comps[0])[:batch_dims]
         for shape, dtype in zip(self.shapes, self.dtypes):
             n = int(np.prod(shape, dtype=int))
             parts = [jnp.asarray(c, dtype) for c in comps[i : i + n]]
             i += n
-            lead = jnp.shape(parts[0])[:batch_dims]
+            if n == 0:
+                out.append(jnp.zeros(lead + shape, dtype))
+                continue
             out.append(jnp.reshape(jnp.stack(parts, axis=-1), lead + shape))
         return out
 

@@ -4,6 +4,8 @@ refuses."""
 import diffrax
 import equinox as eqx
 import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
 from diffrax._saveat import save_y as _save_y  # the default SaveAt fn
 
 from ._solver.base import AbstractGradsolveSolver
@@ -20,6 +22,7 @@ _FAST_CONTROLLERS = (
 def fallback_reason(
     terms,
     solver,
+    y0,
     saveat,
     stepsize_controller,
     adjoint,
@@ -35,6 +38,13 @@ def fallback_reason(
         return f"the solver is {type(solver).__name__}, not a gradsolve solver"
     if type(terms) is not diffrax.ODETerm:
         return "the terms are not a single diffrax.ODETerm"
+    leaves = jtu.tree_leaves(y0)
+    if not any(jnp.size(x) for x in leaves):
+        return "y0 has no elements (None, an empty PyTree or zero-size arrays only)"
+    if any(jnp.iscomplexobj(x) for x in leaves):
+        return "a complex y0"
+    if saveat.solver_state or saveat.controller_state or saveat.made_jump:
+        return "SaveAt(solver_state=, controller_state= or made_jump=True)"
     sub = saveat.subs
     if saveat.dense or not isinstance(sub, diffrax.SubSaveAt):
         return "SaveAt(dense=True) or nested SubSaveAt"
@@ -57,7 +67,28 @@ def fallback_reason(
         return "a progress meter"
     if any(x is not None for x in (solver_state, controller_state, made_jump)):
         return "solver_state/controller_state/made_jump passed in"
+    if differentiated(stepsize_controller):
+        return "a derivative with respect to a value inside the step size controller"
     return None
+
+
+def differentiated(tree) -> bool:
+    """Whether a forward- or reverse-mode derivative is being taken with respect to
+    an array of `tree` (seen from inside that transformation: under `jax.grad`,
+    `jax.jvp`, also inside `jax.jit` or `jax.vmap` of it).
+
+    gradsolve's replay holds step times fixed, so derivatives that flow through the
+    step times (e.g. with respect to a controller's `step_ts`) are Diffrax's to take.
+    """
+    for leaf in jtu.tree_leaves(tree):
+        x = leaf
+        while isinstance(x, jax.core.Tracer):
+            # JVPTracer (jvp, grad) and LinearizeTracer (linearize); BatchTracer
+            # (vmap) wraps its value in `val`, a differentiation tracer in `primal`.
+            if type(x).__name__ in ("JVPTracer", "LinearizeTracer"):
+                return True
+            x = getattr(x, "primal", getattr(x, "val", None))
+    return False
 
 
 @jax.custom_jvp
@@ -67,10 +98,16 @@ def _no_time_derivative(t):
 
 @_no_time_derivative.defjvp
 def _no_time_derivative_jvp(primals, tangents):
+    no_time_derivative_error()
+
+
+def no_time_derivative_error():
     raise ValueError(
-        "gs.diffeqsolve and gs.record do not differentiate with respect to t0, t1, "
-        "dt0 or saveat.ts. Differentiate with respect to y0 and args, or call "
-        "diffrax.diffeqsolve for derivatives with respect to times."
+        "gs.record and gs.replay hold the step times fixed, so they do not "
+        "differentiate with respect to t0, t1, dt0, saveat.ts or the step size "
+        "controller's values. Differentiate with respect to y0 and args; for "
+        "derivatives with respect to times call gs.diffeqsolve (it hands them to "
+        "Diffrax) with jax.grad applied inside any jax.jit, or diffrax.diffeqsolve."
     )
 
 

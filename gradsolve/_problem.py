@@ -141,6 +141,10 @@ def _check_ts(ts, t0, t1):
 
 
 def _check_dt0(dt0, t0, t1):
+    # Times may mix Python numbers, integers and floats (Diffrax accepts
+    # `t0=0, t1=1, dt0=0.1`), also under `jax_numpy_dtype_promotion="strict"`.
+    dtype = time_dtype(t0, t1, dt0, None)
+    dt0, t0, t1 = (jnp.asarray(x, dtype=dtype) for x in (dt0, t0, t1))
     wrong = (t1 - t0) * dt0 < 0
     msg = (
         "dt0 has the wrong sign: it must point from t0 to t1 (negative when "
@@ -158,10 +162,12 @@ def check_concrete_inputs(t0, t1, dt0, y0, args, saveat: diffrax.SaveAt):
     """Raise at once, outside `jit`, for bad inputs whose values are known."""
     check_finite(y0, "y0")
     check_finite(args, "args")
+    dtype = time_dtype(t0, t1, dt0, saveat.subs.ts)
+    t0, t1 = jnp.asarray(t0, dtype=dtype), jnp.asarray(t1, dtype=dtype)
     if dt0 is not None:
         _check_dt0(dt0, t0, t1)
     if saveat.subs.ts is not None:
-        _check_ts(jnp.asarray(saveat.subs.ts), t0, t1)
+        _check_ts(jnp.asarray(saveat.subs.ts, dtype=dtype), t0, t1)
 
 
 def prepare(term, t0, t1, dt0, y0, args, saveat: diffrax.SaveAt) -> Prepared:

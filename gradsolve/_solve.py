@@ -6,9 +6,18 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
+# Diffrax's own function, not the public name: a program (or a conformance run) may
+# point `diffrax.diffeqsolve` at `gs.diffeqsolve`, and the fallback must not recurse.
+from diffrax._integrate import diffeqsolve as _diffrax_diffeqsolve
+
 from ._adjoint import adjoint_loop
 from ._diagnose import is_concrete, throw_eagerly, throw_in_graph
-from ._fallback import fallback_reason, refuse_time_derivatives
+from ._fallback import (
+    differentiated,
+    fallback_reason,
+    no_time_derivative_error as _no_time_derivative_error,
+    refuse_time_derivatives,
+)
 from ._kernel_select import check_kernel_option
 from ._mesh import RecordedMesh
 from ._problem import LeafProblem, check_concrete_inputs, has_jump_ts, prepare
@@ -91,14 +100,18 @@ def _prepare_and_convert(terms, t0, t1, dt0, y0, args, saveat):
     t0, t1, dt0, saveat = refuse_time_derivatives(t0, t1, dt0, saveat)
     prepared = prepare(terms, t0, t1, dt0, y0, args, saveat)
     # Make closed-over arrays of the vector field explicit, so that they are
-    # differentiated like `args` (and custom_vjp sees no closed-over tracers).
+    # differentiated like `args` (and custom_vjp sees no closed-over tracers). The
+    # non-array part of `args` is closed over too: a function passed in `args` may
+    # itself close over arrays being differentiated.
+    dynamic, static = eqx.partition(args, eqx.is_array)
+    field = prepared.problem.f
     f = eqx.filter_closure_convert(
-        prepared.problem.f,
+        lambda t, y, a: field(t, y, eqx.combine(a, static)),
         prepared.t0,
         jtu.tree_unflatten(prepared.problem.treedef, prepared.y0),
-        args,
+        dynamic,
     )
-    return prepared, f
+    return prepared, f, dynamic
 
 
 @eqx.filter_jit
@@ -116,7 +129,7 @@ def _fast_diffeqsolve(
     throw,
     kernel,
 ):
-    prepared, f = _prepare_and_convert(terms, t0, t1, dt0, y0, args, saveat)
+    prepared, f, args = _prepare_and_convert(terms, t0, t1, dt0, y0, args, saveat)
     treedef = prepared.problem.treedef
     out = _solve(
         (prepared.y0, args, f),
@@ -209,6 +222,7 @@ def diffeqsolve(
     reason = fallback_reason(
         terms,
         solver,
+        y0,
         saveat,
         stepsize_controller,
         adjoint,
@@ -219,6 +233,9 @@ def diffeqsolve(
         controller_state,
         made_jump,
     )
+    if reason is None and differentiated((t0, t1, dt0, saveat.subs.ts)):
+        # The replay holds step times fixed; Diffrax differentiates through them.
+        reason = "a derivative with respect to t0, t1, dt0 or saveat.ts"
     check_kernel_option(kernel)
     if reason is not None:
         if kernel == "pallas":
@@ -226,7 +243,7 @@ def diffeqsolve(
                 f"kernel='pallas' cannot run this solve: {reason}. Use kernel='xla' "
                 "(or kernel='auto', which falls back by itself)."
             )
-        return diffrax.diffeqsolve(
+        return _diffrax_diffeqsolve(
             terms,
             solver,
             t0,
@@ -295,6 +312,7 @@ def _fast_record(
     throw,
     kernel,
 ):
+    t0, t1, dt0, saveat = refuse_time_derivatives(t0, t1, dt0, saveat)
     prepared = prepare(terms, t0, t1, dt0, y0, args, saveat)
     y0 = jax.lax.stop_gradient(prepared.y0)
     args = jtu.tree_map(
@@ -366,6 +384,7 @@ def record(
     reason = fallback_reason(
         terms,
         solver,
+        y0,
         saveat,
         stepsize_controller,
         diffrax.RecursiveCheckpointAdjoint(),
@@ -383,6 +402,8 @@ def record(
             "solvers (gs.Tsit5(), gs.Dopri5(), gs.Rodas5()) on a diffrax.ODETerm "
             "with a PIDController, ConstantStepSize or StepTo controller."
         )
+    if differentiated((t0, t1, dt0, saveat.subs.ts, stepsize_controller)):
+        _no_time_derivative_error()
     check_concrete_inputs(t0, t1, dt0, y0, args, saveat)
     eager = throw and is_concrete(terms, t0, t1, dt0, y0, args, saveat)
     with explained_explicit_mesh("gs.record"):

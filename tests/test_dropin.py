@@ -1,0 +1,219 @@
+"""Programs written for Diffrax run unchanged with `gs.diffeqsolve` and gradsolve's
+solvers swapped in: the same values, warnings and gradients as Diffrax's."""
+
+import warnings
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+import pytest
+
+import gradsolve as gs
+
+
+def _decay(t, y, args):
+    return jtu.tree_map(lambda x: -0.8 * x, y)
+
+
+TERM = diffrax.ODETerm(_decay)
+PID = diffrax.PIDController(rtol=1e-7, atol=1e-9)
+
+
+def _both(t0, t1, dt0, y0, args=None, term=TERM, **kwargs):
+    ours = gs.diffeqsolve(term, gs.Tsit5(), t0, t1, dt0, y0, args, **kwargs)
+    theirs = diffrax.diffeqsolve(term, diffrax.Tsit5(), t0, t1, dt0, y0, args, **kwargs)
+    return ours, theirs
+
+
+def _close(a, b, rtol=1e-12):
+    for x, y in zip(jtu.tree_leaves(a), jtu.tree_leaves(b), strict=True):
+        assert jnp.shape(x) == jnp.shape(y)
+        assert jnp.result_type(x) == jnp.result_type(y)
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=0)
+
+
+def test_array_times_with_a_python_float_dt0():
+    # As in a training loop: ts an array, t0 = ts[0], t1 = ts[-1], dt0 a literal.
+    ts = jnp.linspace(0.0, 2.0, 9)
+    ours, theirs = _both(
+        ts[0],
+        ts[-1],
+        0.1,
+        jnp.array([1.0, -0.5]),
+        saveat=diffrax.SaveAt(ts=ts),
+        stepsize_controller=PID,
+    )
+    _close(ours.ys, theirs.ys)
+    ours, theirs = _both(ts[0], ts[-1], 0.1, jnp.array([1.0, -0.5]))  # constant step
+    _close(ours.ys, theirs.ys)
+
+
+@pytest.mark.parametrize("controller", [diffrax.ConstantStepSize(), PID])
+def test_integer_times_under_strict_promotion(controller):
+    with jax.numpy_dtype_promotion("strict"):
+        ours, theirs = _both(
+            jnp.int32(0),
+            jnp.int32(2),
+            0.25,
+            jnp.array([1.0, 3.0]),
+            stepsize_controller=controller,
+            saveat=diffrax.SaveAt(ts=jnp.array([0.5, 1.0, 2.0])),
+        )
+        _close(ours.ys, theirs.ys)
+        _close(ours.ts, theirs.ts)
+        ours, theirs = _both(0, 2, 0.25, jnp.array([1.0, 3.0]))
+        _close(ours.ys, theirs.ys)
+
+
+def test_empty_state():
+    ours, theirs = _both(0.0, 1.0, 0.1, None)
+    assert ours.ys is None and theirs.ys is None
+    ours, theirs = _both(0.0, 1.0, 0.1, {"a": jnp.zeros((0,))})
+    _close(ours.ys, theirs.ys)
+
+
+@pytest.mark.parametrize("size", [1, 40])  # held as components, and as arrays
+def test_zero_size_leaf_next_to_others(size):
+    y0 = (jnp.linspace(1.0, 2.0, size), jnp.zeros((0,)), jnp.zeros((2, 0)))
+    ts = jnp.array([0.3, 1.0])
+    ours, theirs = _both(
+        0.0, 1.0, None, y0, stepsize_controller=PID, saveat=diffrax.SaveAt(ts=ts)
+    )
+    _close(ours.ys, theirs.ys)
+
+    def loss(module, y0):
+        sol = module.diffeqsolve(
+            TERM,
+            module.Tsit5(),
+            0.0,
+            1.0,
+            None,
+            y0,
+            stepsize_controller=PID,
+            saveat=diffrax.SaveAt(ts=ts),
+        )
+        return jnp.sum(sol.ys[0] ** 2)
+
+    _close(jax.grad(loss, 1)(gs, y0), jax.grad(loss, 1)(diffrax, y0), rtol=1e-9)
+
+
+def test_saved_solver_and_controller_state_resume():
+    saveat = diffrax.SaveAt(
+        t1=True, solver_state=True, controller_state=True, made_jump=True
+    )
+    y0 = jnp.array([1.0, 2.0])
+    first, theirs = _both(0.0, 1.0, 0.1, y0, saveat=saveat, stepsize_controller=PID)
+    for name in ("solver_state", "controller_state", "made_jump"):
+        _close(getattr(first, name), getattr(theirs, name))
+    # Resume from the saved state, as Diffrax documents.
+    resumed, resumed_theirs = _both(
+        1.0,
+        2.0,
+        0.1,
+        first.ys[-1],
+        stepsize_controller=PID,
+        solver_state=first.solver_state,
+        controller_state=first.controller_state,
+        made_jump=first.made_jump,
+    )
+    _close(resumed.ys, resumed_theirs.ys)
+    np.testing.assert_allclose(resumed.ys[-1], y0 * np.exp(-0.8 * 2.0), rtol=1e-6)
+
+
+def test_complex_state_warns_as_diffrax():
+    y0 = jnp.array([1.0 + 2.0j, -0.5j])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours, theirs = _both(0.0, 1.0, None, y0, stepsize_controller=PID)
+    messages = [str(w.message) for w in caught if "omplex" in str(w.message)]
+    assert len(messages) == 2 and messages[0] == messages[1]
+    _close(ours.ys, theirs.ys)
+
+
+def _forced_sum(switch, module):
+    """y' = -y + H(t - switch), integrated with steps clipped to the switch time;
+    returns the integral of y. Its derivative in `switch` flows through the step
+    times alone (H does not depend on `switch` away from it)."""
+
+    def field(t, y, forcing):
+        return -y[0] + forcing(t), y[0]
+
+    controller = diffrax.ClipStepSizeController(
+        diffrax.PIDController(rtol=1e-8, atol=1e-8), step_ts=switch[None]
+    )
+    sol = module.diffeqsolve(
+        diffrax.ODETerm(field),
+        module.Tsit5(),
+        0.0,
+        1.0,
+        None,
+        (1.0, 0.0),
+        args=lambda s: jnp.where(s < switch, 0.0, 1.0),
+        stepsize_controller=controller,
+    )
+    return sol.ys[1][0]
+
+
+def test_gradient_through_controller_step_times():
+    grad = lambda module: jax.jit(jax.grad(lambda s: _forced_sum(s, module)))(0.4)
+    ours, theirs = grad(gs), grad(diffrax)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-10)
+    # And the derivative is the right one: d/ds of int_0^1 y = -(1 - e^{-(1 - s)}).
+    np.testing.assert_allclose(ours, -(1 - np.exp(-0.6)), rtol=1e-6)
+
+
+def test_gradient_with_respect_to_a_function_in_args():
+    def loss(k, module):
+        sol = module.diffeqsolve(
+            diffrax.ODETerm(lambda t, y, rate: rate(y)),
+            module.Tsit5(),
+            0.0,
+            1.5,
+            None,
+            jnp.array([1.0, 2.0]),
+            args=lambda y: -k * y,  # the parameter lives in a closure
+            stepsize_controller=PID,
+        )
+        return jnp.sum(sol.ys)
+
+    ours, theirs = jax.grad(loss)(0.7, gs), jax.grad(loss)(0.7, diffrax)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-10)
+    np.testing.assert_allclose(ours, -1.5 * 3.0 * np.exp(-1.05), rtol=1e-6)
+
+
+def test_time_derivatives_are_diffraxs():
+    def loss(t1, module):
+        sol = module.diffeqsolve(
+            TERM,
+            module.Tsit5(),
+            0.0,
+            t1,
+            None,
+            jnp.array([2.0]),
+            stepsize_controller=PID,
+        )
+        return sol.ys[0, 0]
+
+    for transform in (jax.grad, lambda f: jax.jit(jax.grad(f))):
+        ours = transform(lambda t1: loss(t1, gs))(1.3)
+        theirs = transform(lambda t1: loss(t1, diffrax))(1.3)
+        np.testing.assert_allclose(ours, theirs, rtol=1e-12)
+    # gs.record holds step times fixed: a clear error, eagerly and inside jit.
+    record = lambda t1: gs.record(
+        TERM, gs.Tsit5(), 0.0, t1, None, jnp.array([2.0]), stepsize_controller=PID
+    ).ts[1]
+    for transform in (jax.grad, lambda f: jax.grad(jax.jit(f))):
+        with pytest.raises(ValueError, match="hold the step times fixed"):
+            transform(record)(1.3)
+
+
+def test_fallback_does_not_recurse_when_diffrax_points_at_gradsolve(monkeypatch):
+    # A program (or Diffrax's own test suite) may patch diffrax.diffeqsolve.
+    original = diffrax.diffeqsolve
+    monkeypatch.setattr(diffrax, "diffeqsolve", gs.diffeqsolve)
+    args = (TERM, diffrax.Kvaerno5(), 0.0, 1.0, None, jnp.array([1.0]))
+    ours = diffrax.diffeqsolve(*args, stepsize_controller=PID)
+    theirs = original(*args, stepsize_controller=PID)
+    _close(ours.ys, theirs.ys)
