@@ -140,6 +140,37 @@ def _check_ts(ts, t0, t1):
     return eqx.error_if(ts, outside, range_msg)
 
 
+def _raise_or_thread(x, bad, msg: str):
+    """Raise `msg` at once when `bad` is known, else thread it onto `x` (inside jit)."""
+    try:  # concrete values get a Python error, raised at once
+        if bool(bad):
+            raise ValueError(msg)
+    except jax.errors.ConcretizationTypeError:
+        pass
+    return eqx.error_if(x, bad, msg)
+
+
+def check_finite_times(t0, t1, dt0, ts):
+    """NaN or infinite times are errors, naming the argument (a NaN `t1` would
+    otherwise return `y0` as a successful solve, a NaN in `ts` a made-up value)."""
+    out = []
+    for x, name in ((t0, "t0"), (t1, "t1"), (dt0, "dt0"), (ts, "saveat.ts")):
+        if x is not None:
+            msg = (
+                f"{name} is NaN or infinite; times must be finite numbers. Check how "
+                f"{name} is computed."
+            )
+            x = _raise_or_thread(x, ~jnp.all(jnp.isfinite(x)), msg)
+        out.append(x)
+    if dt0 is not None:
+        msg = (
+            "dt0 is 0: the first step would make no progress. Pass a nonzero dt0, "
+            "or dt0=None to let the step size controller choose it."
+        )
+        out[2] = _raise_or_thread(out[2], out[2] == 0, msg)
+    return out
+
+
 def _check_dt0(dt0, t0, t1):
     # Times may mix Python numbers, integers and floats (Diffrax accepts
     # `t0=0, t1=1, dt0=0.1`), also under `jax_numpy_dtype_promotion="strict"`.
@@ -163,7 +194,9 @@ def check_concrete_inputs(t0, t1, dt0, y0, args, saveat: diffrax.SaveAt):
     check_finite(y0, "y0")
     check_finite(args, "args")
     dtype = time_dtype(t0, t1, dt0, saveat.subs.ts)
-    t0, t1 = jnp.asarray(t0, dtype=dtype), jnp.asarray(t1, dtype=dtype)
+    as_time = lambda x: None if x is None else jnp.asarray(x, dtype=dtype)
+    t0, t1 = as_time(t0), as_time(t1)
+    check_finite_times(t0, t1, as_time(dt0), as_time(saveat.subs.ts))
     if dt0 is not None:
         _check_dt0(dt0, t0, t1)
     if saveat.subs.ts is not None:
@@ -175,10 +208,12 @@ def prepare(term, t0, t1, dt0, y0, args, saveat: diffrax.SaveAt) -> Prepared:
     sub = saveat.subs
     ts = sub.ts
     dtype = time_dtype(t0, t1, dt0, ts)
-    t0 = jnp.asarray(t0, dtype=dtype)
-    t1 = jnp.asarray(t1, dtype=dtype)
+    as_time = lambda x: None if x is None else jnp.asarray(x, dtype=dtype)
+    t0, t1, dt0, ts = check_finite_times(
+        as_time(t0), as_time(t1), as_time(dt0), as_time(ts)
+    )
     if dt0 is not None:
-        dt0 = _check_dt0(jnp.asarray(dt0, dtype=dtype), t0, t1)
+        dt0 = _check_dt0(dt0, t0, t1)
 
     def promote(leaf):
         leaf = jnp.asarray(leaf)
@@ -197,7 +232,7 @@ def prepare(term, t0, t1, dt0, y0, args, saveat: diffrax.SaveAt) -> Prepared:
     check_vector_field(f, t0, y0, args)
     direction = jnp.where(t0 < t1, 1, -1)
     if ts is not None:
-        ts = _check_ts(jnp.asarray(ts, dtype=dtype), t0, t1) * direction
+        ts = _check_ts(ts, t0, t1) * direction
     leaves, treedef = jtu.tree_flatten(y0)
     problem = LeafProblem(f=f, args=args, treedef=treedef)
     plan = SavePlan(ts=ts, t0=bool(sub.t0), t1=bool(sub.t1), steps=bool(sub.steps))

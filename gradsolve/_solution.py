@@ -21,6 +21,10 @@ class Solution(eqx.Module):
         recording tolerances (above 1 means the mesh is stale for these inputs).
     - `result`: a `diffrax.RESULTS` code.
     - `mesh`: the [`gradsolve.RecordedMesh`][] the values were computed on.
+    - `interpolation`, `solver_state`, `controller_state`, `made_jump`,
+        `event_mask`: always `None`, as in a `diffrax.Solution` solved without dense
+        output, saved states or events (asking for any of them falls back to
+        Diffrax).
     """
 
     t0: Real[Array, ""]
@@ -30,6 +34,11 @@ class Solution(eqx.Module):
     stats: dict
     result: diffrax.RESULTS
     mesh: RecordedMesh
+    interpolation: None = None
+    solver_state: None = None
+    controller_state: None = None
+    made_jump: None = None
+    event_mask: None = None
 
     def evaluate(self, t0, t1=None, left=True):
         raise NotImplementedError(

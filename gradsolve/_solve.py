@@ -1,5 +1,7 @@
 """`diffeqsolve` and `record`: the adaptive solve, with the Diffrax fallback."""
 
+import numbers
+
 import diffrax
 import equinox as eqx
 import jax
@@ -46,6 +48,18 @@ def _record(
         has_jumps=has_jump_ts(controller),
         kernel=kernel,
     )
+
+
+def _check_max_steps(max_steps):
+    if (
+        isinstance(max_steps, bool)
+        or not isinstance(max_steps, numbers.Integral)
+        or max_steps < 1
+    ):
+        raise ValueError(
+            f"max_steps={max_steps!r}: it must be a positive integer, the most steps "
+            "the solve may take (e.g. the default 4096)."
+        )
 
 
 @eqx.filter_custom_vjp
@@ -262,6 +276,7 @@ def diffeqsolve(
             controller_state=controller_state,
             made_jump=made_jump,
         )
+    _check_max_steps(max_steps)
     check_concrete_inputs(t0, t1, dt0, y0, args, saveat)
     # Called eagerly, a failure is explained on the host (with its time and cause).
     eager = throw and is_concrete(terms, t0, t1, dt0, y0, args, saveat)
@@ -334,6 +349,11 @@ def _fast_record(
         kernel,
     )
     mesh = out.mesh
+    if prepared.plan.ts is not None:
+        # A recording saves nothing, but non-finite save times are still reported.
+        bad = ~jnp.all(jnp.isfinite(prepared.plan.ts))
+        msg = "saveat.ts is NaN or infinite; times must be finite numbers."
+        mesh = eqx.tree_at(lambda m: m.ts, mesh, eqx.error_if(mesh.ts, bad, msg))
     if throw:
         mesh = throw_in_graph(
             mesh,
@@ -404,6 +424,7 @@ def record(
         )
     if differentiated((t0, t1, dt0, saveat.subs.ts, stepsize_controller)):
         _no_time_derivative_error()
+    _check_max_steps(max_steps)
     check_concrete_inputs(t0, t1, dt0, y0, args, saveat)
     eager = throw and is_concrete(terms, t0, t1, dt0, y0, args, saveat)
     with explained_explicit_mesh("gs.record"):
