@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from ._mesh import RecordedMesh
+from ._mesh_checks import check_complete
 from ._replay import replay
 from ._sharding import Split, full_axes, pad_rows, resolve_split, run_sharded
 from ._short_buffer import pad_steps, record_with_short_buffer
@@ -302,6 +303,7 @@ def replay_ensemble(
     memory_budget: int | None = None,
     chunk_size: int | None = None,
     sharding=None,
+    allow_partial: bool = False,
 ) -> Solution:
     """[`gradsolve.replay`][] of a batched mesh, in chunks sized for its gradient.
 
@@ -320,6 +322,8 @@ def replay_ensemble(
         the budget).
     - `sharding`: as for [`gradsolve.record_ensemble`][]; by default the mesh's,
         `y0`'s and `args`' own placement.
+    - `allow_partial`: as for [`gradsolve.replay`][]: replay trajectories whose
+        recording failed over the part they recorded (else an error).
 
     **Returns:**
 
@@ -337,14 +341,18 @@ def replay_ensemble(
         per = estimate_memory(1, mesh.max_steps, y0, saves=saves)["gradient"]
         budget = _device_budget(memory_budget, split)
         chunk_size = _chunk_size(-(-batch // devices), per, budget, "gradient")
-    fixed = (terms, solver, saveat, args_axes, stale, chunk_size)
+    # Checked here once for a concrete mesh; else by every chunk's replay.
+    partial = allow_partial or check_complete(mesh)
+    fixed = (terms, solver, saveat, args_axes, stale, partial, chunk_size)
     if split is None:
         return _replay_chunks(*fixed, *inputs)
     axes = (None,) * len(fixed) + in_axes
     return run_sharded(_replay_chunks, fixed + inputs, axes, split)
 
 
-def _replay_chunks(terms, solver, saveat, args_axes, stale, chunk_size, mesh, y0, args):
+def _replay_chunks(
+    terms, solver, saveat, args_axes, stale, partial, chunk_size, mesh, y0, args
+):
     """`replay_ensemble` on one device's trajectories."""
     batch = mesh.ts.shape[0]
     if batch == 0 or chunk_size >= batch:
@@ -357,6 +365,7 @@ def _replay_chunks(terms, solver, saveat, args_axes, stale, chunk_size, mesh, y0
             saveat=saveat,
             args_axes=args_axes,
             stale=stale,
+            allow_partial=partial,
         )
     split_args = args if args_axes is None else _split(args, batch, chunk_size)
 
@@ -374,6 +383,7 @@ def _replay_chunks(terms, solver, saveat, args_axes, stale, chunk_size, mesh, y0
             saveat=saveat,
             args_axes=args_axes,
             stale="ignore",
+            allow_partial=partial,
         )
         return sol.ts, sol.ys, sol.stats.get("max_error_ratio")
 

@@ -5,8 +5,9 @@ The file is
     MAGIC (8 bytes) | format version (uint32) | header length (uint32) |
     header (UTF-8 JSON) | payload | SHA-256 digest of everything before it (32 bytes)
 
-The header names the static fields (solver class, error norm; names from the
-allow-list of `_mesh_names`) and the shape and dtype of every array field; the
+The header holds the static fields (solver class and error norm, named from the
+allow-list of `_mesh_names`; the recorded state's structure, shapes and dtypes) and
+the shape and dtype of every array field (`t0`, `t1` and `result` included); the
 payload is `eqx.tree_serialise_leaves` of the mesh. The digest covers header and
 payload, so a flipped byte or a truncated file is reported, never loaded as a
 different mesh (and so never turned into a wrong gradient). A file is replaced
@@ -31,16 +32,17 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from ._mesh import RecordedMesh
+from ._mesh import RecordedMesh, StateStructure
 from ._mesh_names import name_of, resolve
 
 
 MAGIC = b"GSMESH\x00\x01"
-# 2: solver classes and norms named from an allow-list ("gradsolve:Tsit5").
+# 2: solver classes and norms named from an allow-list ("gradsolve:Tsit5"); the
+# recording's t0, t1 and state structure. (Version 1 files are refused, by version.)
 FORMAT_VERSION = 2
 _PREFIX = struct.Struct("<II")  # format version, header length
 _DIGEST_BYTES = 32
-_STATIC = ("norm", "solver_type")
+_STATIC = ("norm", "solver_type", "state")
 
 
 def _field_spec(value) -> dict:
@@ -96,6 +98,7 @@ def save_mesh(path: str | os.PathLike, mesh: RecordedMesh) -> None:
     header = {
         "solver_type": name_of(mesh.solver_type, "solver class"),
         "norm": None if mesh.norm is None else name_of(mesh.norm, "norm"),
+        "state": dataclasses.asdict(mesh.state),
         "fields": {name: _field_spec(getattr(mesh, name)) for name in _fields()},
         "x64": bool(jax.config.read("jax_enable_x64")),
     }
@@ -261,7 +264,7 @@ def _check_shapes(values: dict, where: str) -> None:
         shape = getattr(ts, "shape", None)
         raise _malformed(where, f"its step times have the shape {shape}")
     batch = ts.shape[:-1]
-    for name in ("num_steps", "result"):
+    for name in ("num_steps", "result", "t0", "t1"):
         leaves = jtu.tree_leaves(values[name])
         shape = leaves[0].shape if leaves else None
         if shape != batch:
@@ -284,6 +287,26 @@ def _check_values(mesh: RecordedMesh, where: str) -> None:
             f"{where} is inconsistent: it counts {steps.max()} or {steps.min()} "
             f"steps in a mesh of {mesh.max_steps}. Record the mesh again."
         )
+
+
+def _state(spec, where: str) -> StateStructure:
+    """The recorded state's structure, from its (checked) header entry."""
+    try:
+        treedef, shapes, dtypes = spec["treedef"], spec["shapes"], spec["dtypes"]
+        ok = (
+            isinstance(treedef, str)
+            and len(shapes) == len(dtypes) > 0
+            and all(isinstance(d, str) and jnp.dtype(d).kind in "fc" for d in dtypes)
+            and all(
+                isinstance(s, list) and all(type(n) is int and n >= 0 for n in s)
+                for s in shapes
+            )
+        )
+    except (KeyError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise _malformed(where, f"its state structure is {spec!r}")
+    return StateStructure(treedef, tuple(tuple(s) for s in shapes), tuple(dtypes))
 
 
 def _template(header: dict, where: str):
@@ -316,6 +339,7 @@ def _template(header: dict, where: str):
             "gs.register_mesh_name); register the solver class under it."
         )
     values["solver_type"] = solver_type
+    values["state"] = _state(header.get("state"), where)
     norm = header.get("norm")
     values["norm"] = None if norm is None else resolve(norm, "norm", where)
     if isinstance(values["norm"], type) or not (

@@ -123,13 +123,16 @@ def test_flipped_byte_anywhere_is_an_error(saved, tmp_path):
 def test_other_format_version_or_not_a_mesh_file(saved, tmp_path):
     _, path = saved
 
-    def version(d):  # a well-formed file of another version
-        d[8:12] = struct.pack("<I", 99)
+    def version(d, number=99):  # a well-formed file of another version
+        d[8:12] = struct.pack("<I", number)
         d[-32:] = hashlib.sha256(bytes(d[:-32])).digest()
         return d
 
     with pytest.raises(ValueError, match="format version 99.*reads version 2"):
         gs.load_mesh(_damaged(path, tmp_path, version))
+    # Version 1 files (no t0, t1 or state; names by module) are refused by version.
+    with pytest.raises(ValueError, match="format version 1, .*reads version 2"):
+        gs.load_mesh(_damaged(path, tmp_path, lambda d: version(d, 1)))
     other = tmp_path / "weights.eqx"
     eqx.tree_serialise_leaves(other, jnp.zeros(3))
     with pytest.raises(ValueError, match="not a gradsolve mesh file"):
@@ -360,6 +363,11 @@ def _set(*keys, value):
         (_set("solver_type", value=None), None),
         (_set("solver_type", value=["gradsolve:Tsit5"]), None),
         (_set("norm", value=5), None),
+        (_set("state", value=None), None),
+        (_set("state", "shapes", value=[[2], [2]]), None),
+        (_set("state", "dtypes", value=["int32"]), None),
+        (_set("state", "treedef", value=3), None),
+        (_set("fields", "t1", "shape", value=[7]), None),
         (_set("payload_bytes", value="many"), None),
         (_set("payload_bytes", value=1), None),
     ],
