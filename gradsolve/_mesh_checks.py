@@ -23,52 +23,45 @@ def _leaf_shapes(tree, name: str) -> list[tuple[str, tuple]]:
     return [(name + jtu.keystr(path), jnp.shape(x)) for path, x in leaves]
 
 
-def check_rows(tree, name: str, batch: int | None, fix: str) -> int:
-    """Every leaf of `tree` has a leading axis of `batch` (of one common size when
-    `batch` is `None`); returns that size. The error names the first leaf that
-    differs and its shape."""
+def rows_fault(tree, name: str, batch: int | None) -> tuple[int | None, str | None]:
+    """Whether every leaf of `tree` has a leading axis of `batch` (of one common
+    size when `batch` is `None`). Returns the size and what is wrong (`None` if
+    nothing), naming the first leaf at fault and its shape."""
     shapes = _leaf_shapes(tree, name)
     if not shapes:
-        raise ValueError(f"{name} has no arrays; {fix}")
+        return batch, f"{name} has no arrays"
     if batch is None:
         batch = next((s[0] for _, s in shapes if s), None)
-    for path, shape in shapes:
-        if not shape:
-            raise ValueError(
-                f"{name} needs a leading batch axis on every leaf, but {path} is a "
-                f"scalar (shape ()); {fix}"
-            )
-        if shape[0] != batch:
-            sizes = sorted({s[0] for _, s in shapes if s})
-            raise ValueError(
-                f"{name} has leading axis sizes {sizes} ({path} has shape {shape}), "
-                f"where {batch} is needed; {fix}"
-            )
-    return batch
+    scalars = [path for path, shape in shapes if not shape]
+    if scalars:
+        return batch, f"{scalars[0]} is a scalar (shape ())"
+    sizes = sorted({shape[0] for _, shape in shapes})
+    if sizes == [batch]:
+        return batch, None
+    path, shape = next((p, s) for p, s in shapes if s[0] != batch)
+    detail = f" ({path} has shape {shape})" if len(shapes) > 1 else ""
+    return batch, f"{name} has leading axis sizes {sizes}{detail}"
 
 
 def check_batch(mesh: RecordedMesh, y0, args, args_axes) -> None:
     """A batched mesh's `y0` (and `args` with `args_axes=0`) have one row per
     recorded trajectory."""
     batch = mesh.ts.shape[0]
-    try:
-        check_rows(
-            y0,
-            "y0",
-            batch,
-            "pass one initial state per recorded trajectory (y0 with leading axis "
-            f"{batch}), or record a mesh for this ensemble with gs.record.",
+    _, fault = rows_fault(y0, "y0", batch)
+    if fault is not None:
+        raise ValueError(
+            f"The mesh holds {batch} trajectories but {fault}: pass one initial "
+            f"state per recorded trajectory (every leaf of y0 with leading axis "
+            f"{batch}), or record a mesh for this ensemble with gs.record."
         )
-        if args_axes == 0:
-            check_rows(
-                args,
-                "args (args_axes=0)",
-                batch,
-                "pass one set of args per trajectory, or args_axes=None to share "
-                "them.",
+    if args_axes == 0:
+        _, fault = rows_fault(args, "args", batch)
+        if fault is not None:
+            raise ValueError(
+                f"The mesh holds {batch} trajectories but {fault}, with "
+                "args_axes=0: pass one set of args per trajectory (every leaf with "
+                f"leading axis {batch}), or args_axes=None to share them."
             )
-    except ValueError as e:
-        raise ValueError(f"The mesh holds {batch} trajectories but {e}") from None
 
 
 def check_state(mesh: RecordedMesh, y0: list, treedef, dtypes: bool = True) -> None:

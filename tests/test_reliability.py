@@ -118,3 +118,51 @@ def test_mesh_file_keeps_result_span_and_state(tmp_path):
     assert bool(jnp.all(loaded.result == mesh.result))
     with pytest.raises(ValueError, match="1 of 3 trajectories"):
         gs.replay(loaded, TERM, gs.Tsit5(), Y3, LV.args)
+
+
+def _record_ensemble(y0=Y3, args=LV.args, **kwargs):
+    kwargs.setdefault("stepsize_controller", CTRL)
+    return gs.record_ensemble(TERM, gs.Tsit5(), 0.0, 1.0, None, y0, args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(chunk_size=0), "chunk_size must be a positive integer.*got 0"),
+        (dict(chunk_size=-1), "chunk_size must be a positive integer.*got -1"),
+        (dict(chunk_size=1.5), "chunk_size must be a positive integer.*got 1.5"),
+        (dict(max_steps=0), "max_steps must be a positive integer.*got 0"),
+        (dict(max_steps=-5), "max_steps must be a positive integer.*got -5"),
+        (dict(memory_budget=-1), "memory_budget must be a positive integer"),
+        (dict(y0=(Y3, 1.0)), r"y0\[1\] is a scalar \(shape \(\)\): gs.record_ens"),
+        (dict(y0=(Y3, Y3[:2])), r"y0 has leading axis sizes \[2, 3\] \(y0\[1\] has"),
+        (
+            dict(args=(jnp.stack([LV.args] * 3), 2.0), args_axes=0),
+            r"args\[1\] is a scalar .*args_axes=0 needs 3 rows",
+        ),
+    ],
+)
+def test_record_ensemble_arguments_are_checked(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        _record_ensemble(**kwargs)
+
+
+def test_replay_ensemble_arguments_are_checked():
+    mesh = _record_ensemble()
+    args = (TERM, gs.Tsit5(), Y3, LV.args)
+    for chunk_size in (0, -2):
+        with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
+            gs.replay_ensemble(mesh, *args, chunk_size=chunk_size)
+    with pytest.raises(ValueError, match="gradient needs about") as info:
+        gs.replay_ensemble(mesh, *args, memory_budget=100)
+    assert "max_steps" not in str(info.value) and "mesh.trim()" in str(info.value)
+    with pytest.raises(ValueError, match="needs a batched mesh"):
+        gs.replay_ensemble(_record(), TERM, gs.Tsit5(), LV.y0, LV.args)
+    # A scalar leaf is named, with its shape, not reported as a size mismatch.
+    with pytest.raises(ValueError, match=r"holds 3 trajectories but y0\[1\] is a scal"):
+        gs.replay(mesh, TERM, gs.Tsit5(), (Y3, 1.0), LV.args)
+    pairs = (jnp.stack([LV.args] * 3), 2.0)
+    with pytest.raises(ValueError, match=r"but args\[1\] is a scalar .*args_axes=0"):
+        gs.replay(mesh, TERM, gs.Tsit5(), Y3, pairs, args_axes=0)
+    with pytest.raises(ValueError, match=r"but y0 has leading axis sizes \[2\]:"):
+        gs.replay_ensemble(mesh, TERM, gs.Tsit5(), Y3[:2], LV.args)
