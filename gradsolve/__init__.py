@@ -18,6 +18,7 @@ from ._ensemble import (
 from ._fit import FitResult as FitResult, fit as fit
 from ._mesh import RecordedMesh as RecordedMesh
 from ._mesh_io import load_mesh as load_mesh, save_mesh as save_mesh
+from ._mesh_names import register_mesh_name as register_mesh_name
 from ._replay import replay as replay
 from ._sharding import (
     ensemble_sharding as ensemble_sharding,

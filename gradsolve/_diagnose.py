@@ -37,7 +37,9 @@ def _largest(tree) -> float:
 def _state_at_end(mesh, terms, solver, y0, args):
     """Replay the failed mesh to the time it reached (it is padded with that time)."""
     try:
-        sol = replay(mesh, terms, solver, y0, args, stale="ignore")
+        sol = replay(
+            mesh, terms, solver, y0, args, stale="ignore", allow_partial=True
+        )
     except Exception:
         return None
     return jtu.tree_map(lambda x: x[-1], sol.ys)

@@ -9,6 +9,7 @@ batch (the tests check bitwise equality).
 """
 
 import math
+import operator
 import os
 
 import diffrax
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from ._mesh import RecordedMesh
+from ._mesh_checks import check_complete, rows_fault
 from ._replay import replay
 from ._sharding import Split, full_axes, pad_rows, resolve_split, run_sharded
 from ._short_buffer import pad_steps, record_with_short_buffer
@@ -89,16 +91,42 @@ def estimate_memory(batch: int, max_steps: int, y0, *, saves: int = 1) -> dict:
     return dict(record=record_bytes, replay=replay_bytes, gradient=gradient_bytes)
 
 
-def _chunk_size(batch: int, per_trajectory: int, budget: int | None, what: str) -> int:
+def _chunk_size(
+    batch: int, per_trajectory: int, budget: int | None, what: str, fix: str
+) -> int:
     budget = default_budget() if budget is None else budget
     fits = budget // max(per_trajectory, 1)
     if fits < 1:
         raise ValueError(
             f"One trajectory's {what} needs about {per_trajectory:,} bytes, more than "
-            f"the memory budget of {budget:,} bytes: lower max_steps, or raise "
-            "memory_budget."
+            f"the memory budget of {budget:,} bytes: {fix}, or raise memory_budget."
         )
     return max(1, min(batch, fits))
+
+
+def _check_count(value, name: str, meaning: str, default: str | None = None) -> None:
+    """`value` is a positive integer (or `None` where there is a `default`)."""
+    if value is None and default is not None:
+        return
+    try:
+        if not isinstance(value, bool) and operator.index(value) >= 1:
+            return
+    except TypeError:
+        pass
+    otherwise = "" if default is None else f", or None for {default}"
+    raise ValueError(
+        f"{name} must be a positive integer ({meaning}){otherwise}; got {value!r}."
+    )
+
+
+def _check_sizes(memory_budget, chunk_size) -> None:
+    _check_count(memory_budget, "memory_budget", "bytes", "half the available memory")
+    _check_count(
+        chunk_size,
+        "chunk_size",
+        "trajectories per chunk on each device",
+        "as many as fit memory_budget",
+    )
 
 
 def _split(tree, batch: int, size: int):
@@ -228,7 +256,22 @@ def record_ensemble(
 
     A batched, trimmed [`gradsolve.RecordedMesh`][], split like the ensemble.
     """
-    batch = jtu.tree_leaves(y0)[0].shape[0]
+    _check_count(max_steps, "max_steps", "the most steps of one trajectory")
+    _check_sizes(memory_budget, chunk_size)
+    batch, fault = rows_fault(y0, "y0", None)
+    if fault is not None:
+        raise ValueError(
+            f"{fault}: gs.record_ensemble needs one initial state per trajectory, "
+            "along the first axis of every leaf of y0."
+        )
+    if args_axes == 0:
+        _, fault = rows_fault(args, "args", batch)
+        if fault is not None:
+            raise ValueError(
+                f"{fault}, where args_axes=0 needs {batch} rows (one per trajectory "
+                "of y0) on every leaf: pass one set of args per trajectory, or "
+                "args_axes=None to share them."
+            )
     split = resolve_split(sharding, (y0, args), (0, args_axes), "gs.record_ensemble")
     if batch == 0:
         split = None
@@ -237,7 +280,9 @@ def record_ensemble(
     if chunk_size is None:
         per = estimate_memory(1, max_steps, y0)["record"]
         budget = _device_budget(memory_budget, split)
-        chunk_size = _chunk_size(local_batch, per, budget, "recording")
+        chunk_size = _chunk_size(
+            local_batch, per, budget, "recording", "lower max_steps"
+        )
     throw = kwargs.pop("throw", True)
     if split is None:
 
@@ -302,6 +347,7 @@ def replay_ensemble(
     memory_budget: int | None = None,
     chunk_size: int | None = None,
     sharding=None,
+    allow_partial: bool = False,
 ) -> Solution:
     """[`gradsolve.replay`][] of a batched mesh, in chunks sized for its gradient.
 
@@ -320,11 +366,20 @@ def replay_ensemble(
         the budget).
     - `sharding`: as for [`gradsolve.record_ensemble`][]; by default the mesh's,
         `y0`'s and `args`' own placement.
+    - `allow_partial`: as for [`gradsolve.replay`][]: replay trajectories whose
+        recording failed over the part they recorded (else an error).
 
     **Returns:**
 
     A [`gradsolve.Solution`][] as from `gs.replay`, split like the ensemble.
     """
+    if not isinstance(mesh, RecordedMesh) or not mesh.is_batched:
+        raise ValueError(
+            "gs.replay_ensemble needs a batched mesh (one row per trajectory, from "
+            "gs.record_ensemble or jax.vmap of gs.record); replay a single "
+            "trajectory's mesh with gs.replay."
+        )
+    _check_sizes(memory_budget, chunk_size)
     batch = mesh.ts.shape[0]
     inputs = (mesh, y0, args)
     in_axes = (0, 0, args_axes)
@@ -336,15 +391,23 @@ def replay_ensemble(
         saves = max(1, len(saveat.subs.ts) if saveat.subs.ts is not None else 1)
         per = estimate_memory(1, mesh.max_steps, y0, saves=saves)["gradient"]
         budget = _device_budget(memory_budget, split)
-        chunk_size = _chunk_size(-(-batch // devices), per, budget, "gradient")
-    fixed = (terms, solver, saveat, args_axes, stale, chunk_size)
+        fix = (
+            f"replay over a shorter mesh (it has {mesh.max_steps} steps; "
+            "mesh.trim() removes padding), save fewer times"
+        )
+        chunk_size = _chunk_size(-(-batch // devices), per, budget, "gradient", fix)
+    # Checked here once for a concrete mesh; else by every chunk's replay.
+    partial = allow_partial or check_complete(mesh)
+    fixed = (terms, solver, saveat, args_axes, stale, partial, chunk_size)
     if split is None:
         return _replay_chunks(*fixed, *inputs)
     axes = (None,) * len(fixed) + in_axes
     return run_sharded(_replay_chunks, fixed + inputs, axes, split)
 
 
-def _replay_chunks(terms, solver, saveat, args_axes, stale, chunk_size, mesh, y0, args):
+def _replay_chunks(
+    terms, solver, saveat, args_axes, stale, partial, chunk_size, mesh, y0, args
+):
     """`replay_ensemble` on one device's trajectories."""
     batch = mesh.ts.shape[0]
     if batch == 0 or chunk_size >= batch:
@@ -357,6 +420,7 @@ def _replay_chunks(terms, solver, saveat, args_axes, stale, chunk_size, mesh, y0
             saveat=saveat,
             args_axes=args_axes,
             stale=stale,
+            allow_partial=partial,
         )
     split_args = args if args_axes is None else _split(args, batch, chunk_size)
 
@@ -374,6 +438,7 @@ def _replay_chunks(terms, solver, saveat, args_axes, stale, chunk_size, mesh, y0
             saveat=saveat,
             args_axes=args_axes,
             stale="ignore",
+            allow_partial=partial,
         )
         return sol.ts, sol.ys, sol.stats.get("max_error_ratio")
 

@@ -95,6 +95,7 @@ class FitProblem(eqx.Module):
             saveat=diffrax.SaveAt(ts=self.ts),
             args_axes=self.params_axes,
             stale="ignore",  # the fit checks the ratio itself
+            allow_partial=True,  # gs.fit replays only meshes that reached t1
             sharding=self.devices,
         )
         ratio = sol.stats.get("max_error_ratio")
@@ -117,6 +118,7 @@ class FitProblem(eqx.Module):
             theta,
             saveat=diffrax.SaveAt(ts=self.ts),
             stale="ignore",  # optimisers explore parameters where the mesh is stale
+            allow_partial=True,  # gs.fit replays only meshes that reached t1
         )
         obs = jax.vmap(lambda y: self.observe(y, theta))(sol.ys)
         return sqrt_weights * (obs - data)

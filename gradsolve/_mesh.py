@@ -1,5 +1,7 @@
 """`RecordedMesh`: the accepted steps of an adaptive solve."""
 
+import dataclasses
+import re
 from collections.abc import Callable
 
 import diffrax
@@ -27,6 +29,35 @@ def bucket_length(num_steps: int, max_steps: int) -> int:
     return min(-(-num_steps // step) * step, max_steps)
 
 
+@dataclasses.dataclass(frozen=True)
+class StateStructure:
+    """The PyTree structure, shapes and dtypes of one trajectory's state, as the
+    recording saw it (after promotion to the time dtype): what a replay's `y0`
+    must match. Hashable, so that it can be a static field.
+
+    - `treedef`: `str` of the state's `jax.tree_util` structure (object addresses
+        removed, so that it reads the same in another session).
+    - `shapes`, `dtypes`: one entry per leaf, without a batch axis.
+    """
+
+    treedef: str
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+
+    @classmethod
+    def of(cls, leaves, treedef) -> "StateStructure":
+        """The structure of a state given as its leaves and `treedef`."""
+        return cls(
+            treedef=re.sub(r" at 0x[0-9a-fA-F]+", "", str(treedef)),
+            shapes=tuple(tuple(int(n) for n in jnp.shape(x)) for x in leaves),
+            dtypes=tuple(str(jnp.result_type(x)) for x in leaves),
+        )
+
+    def describe(self) -> str:
+        leaves = ", ".join(f"{d}{list(s)}" for s, d in zip(self.shapes, self.dtypes))
+        return f"{self.treedef} with leaves {leaves}"
+
+
 class RecordedMesh(eqx.Module):
     """The steps an adaptive solve accepted, to be replayed with fixed steps.
 
@@ -49,7 +80,15 @@ class RecordedMesh(eqx.Module):
     - `rtol`, `atol`: the tolerances the mesh was recorded at (`None` for a constant
         step size); `norm`: the controller's error norm.
     - `solver_type`: the class of the solver that recorded it.
-    - `result`: the `diffrax.RESULTS` code of the recording solve.
+    - `result`: the `diffrax.RESULTS` code of the recording solve. A replay refuses
+        a mesh whose recording failed (it stops where the recording did) unless
+        asked with `allow_partial=True`.
+    - `t0`, `t1`: the interval the recording was asked to solve over (a failed
+        recording stopped before `t1`: its `ts` end earlier).
+    - `state`: the structure, shapes and dtypes of the recorded state (a
+        `StateStructure`, per trajectory); a replay's `y0` must match it.
+
+    A batched mesh holds one `num_steps`, `result`, `t0` and `t1` per trajectory.
     """
 
     ts: Times
@@ -59,8 +98,11 @@ class RecordedMesh(eqx.Module):
     rtol: Real[Array, ""] | None
     atol: Real[Array, ""] | None
     result: diffrax.RESULTS
+    t0: Real[Array, ""]
+    t1: Real[Array, ""]
     norm: Callable | None = eqx.field(static=True)
     solver_type: type = eqx.field(static=True)
+    state: StateStructure = eqx.field(static=True)
 
     @property
     def max_steps(self) -> int:
@@ -71,14 +113,6 @@ class RecordedMesh(eqx.Module):
     def is_batched(self) -> bool:
         """Whether the mesh holds an ensemble (a leading batch axis)."""
         return self.ts.ndim == 2
-
-    @property
-    def t0(self) -> Array:
-        return self.ts[..., 0]
-
-    @property
-    def t1(self) -> Array:
-        return self.ts[..., -1]
 
     def trim(self, at_least: int = 0) -> "RecordedMesh":
         """Shrink the padding to the longest trajectory, rounded up to a bucket.

@@ -12,7 +12,7 @@ from jaxtyping import Array
 from ._components import Representation
 from ._kernel import kernel_loop
 from ._kernel_select import kernel_considered, kernel_unsupported, use_kernel
-from ._mesh import RecordedMesh, pad_after
+from ._mesh import RecordedMesh, StateStructure, pad_after
 from ._problem import LeafProblem
 from ._saving import SaveLayout, SavePlan, assemble, caller_times, save_layout
 from ._solver.base import AbstractGradsolveSolver
@@ -225,8 +225,11 @@ def record_loop(
         rtol=rtol,
         atol=atol,
         result=result,
+        t0=t0,
+        t1=t1,
         norm=norm,
         solver_type=type(solver),
+        state=StateStructure.of(y0, problem.treedef),
     )
     stats = dict(
         num_steps=c["num_steps"],

@@ -12,6 +12,7 @@ from diffrax._saveat import save_y as _save_y  # the default SaveAt fn
 
 from ._components import Representation
 from ._mesh import RecordedMesh
+from ._mesh_checks import check_batch, check_complete, check_state, error_if_incomplete
 from ._problem import LeafProblem, prepare
 from ._saving import SavePlan, assemble, caller_times, save_layout
 from ._sharding import resolve_split, run_sharded
@@ -143,6 +144,7 @@ def replay(
     args_axes=None,
     stale: str = "warn",
     sharding=None,
+    allow_partial: bool = False,
 ) -> Solution:
     """Solve again over a recorded mesh, with fixed steps; differentiable.
 
@@ -180,6 +182,14 @@ def replay(
         split. Inside `jax.jit` pass it explicitly unless the mesh is a constant (or
         the device mesh has Explicit axes); otherwise XLA partitions the replay
         itself, with a few scalar all-reduces for the input and staleness checks.
+    - `allow_partial`: replay a mesh whose recording failed (`mesh.result`, e.g.
+        `max_steps_reached` with `throw=False`) over the part it recorded; it then
+        stops where the recording did, and `sol.result` is the recording's. By
+        default such a mesh is an error (inside `jit` too).
+
+    `y0` must have the structure, shapes and dtypes of the state the mesh was
+    recorded for (`mesh.state`; per trajectory for a batched mesh): a mesh fits
+    only its own problem.
 
     **Returns:**
 
@@ -203,17 +213,21 @@ def replay(
     if not isinstance(terms, diffrax.ODETerm):
         raise TypeError(f"gs.replay needs a diffrax.ODETerm; got {type(terms)}.")
     if mesh.is_batched:
-        _check_batch(mesh, y0, args, args_axes)
+        check_batch(mesh, y0, args, args_axes)
+        # Checked here once for a concrete mesh; else by every trajectory's replay.
+        partial = allow_partial or check_complete(mesh)
         split = resolve_split(
             sharding, (mesh, y0, args), (0, 0, args_axes), "gs.replay"
         )
         if split is None or mesh.ts.shape[0] == 0:
-            sol = _replay_batched(mesh, terms, solver, y0, args, saveat, args_axes)
+            sol = _replay_batched(
+                mesh, terms, solver, y0, args, saveat, args_axes, partial
+            )
             return _checked(sol, stale)
         # Each device replays and checks its own trajectories: the staleness check's
         # reductions stay on the device too.
-        inputs = (terms, solver, saveat, args_axes, stale, mesh, y0, args)
-        axes = (None,) * 5 + (0, 0, args_axes)
+        inputs = (terms, solver, saveat, args_axes, stale, partial, mesh, y0, args)
+        axes = (None,) * 6 + (0, 0, args_axes)
         return run_sharded(_replay_checked, inputs, axes, split)
     if sharding is not None:
         raise ValueError(
@@ -223,7 +237,12 @@ def replay(
     if mesh.ts.ndim != 1:
         raise ValueError(f"mesh.ts must have one or two axes; got {mesh.ts.shape}.")
     _check_saveat(saveat)
+    # Structure and shapes first: a y0 of another problem would fail in the vector
+    # field, with a less telling message.
+    check_state(mesh, *jtu.tree_flatten(y0), dtypes=False)
     prepared = prepare(terms, mesh.ts[0], mesh.ts[-1], None, y0, args, saveat)
+    check_state(mesh, prepared.y0, prepared.problem.treedef)
+    partial = allow_partial or check_complete(mesh)
     ts, ys, max_ratio = replay_one(
         mesh, prepared.problem, solver, prepared.y0, prepared.plan
     )
@@ -249,11 +268,15 @@ def replay(
         ),
         mesh=mesh,
     )
-    return _checked(sol, stale)
+    return _checked(sol, stale, None if partial else mesh)
 
 
-def _checked(sol: Solution, stale: str) -> Solution:
+def _checked(sol: Solution, stale: str, unchecked_mesh=None) -> Solution:
+    """`sol` with the staleness check, and the failed-recording check of a traced
+    mesh (`unchecked_mesh`), on its outputs."""
     ts, ys = check_stale((sol.ts, sol.ys), sol.stats.get("max_error_ratio"), stale)
+    if unchecked_mesh is not None:
+        ts, ys = error_if_incomplete((ts, ys), unchecked_mesh)
     return eqx.tree_at(lambda s: (s.ts, s.ys), sol, (ts, ys), is_leaf=_is_none)
 
 
@@ -273,36 +296,12 @@ def _check_saveat(saveat: diffrax.SaveAt):
         raise ValueError("gs.replay supports SaveAt(steps=True) but not steps=n > 1.")
 
 
-def _replay_checked(terms, solver, saveat, args_axes, stale, mesh, y0, args):
-    sol = _replay_batched(mesh, terms, solver, y0, args, saveat, args_axes)
+def _replay_checked(terms, solver, saveat, args_axes, stale, partial, mesh, y0, args):
+    sol = _replay_batched(mesh, terms, solver, y0, args, saveat, args_axes, partial)
     return _checked(sol, stale)
 
 
-def _check_batch(mesh, y0, args, args_axes):
-    batch = mesh.ts.shape[0]
-    sizes = {x.shape[0] if x.ndim else None for x in jtu.tree_leaves(y0)}
-    if sizes != {batch}:
-        raise ValueError(
-            f"The mesh holds {batch} trajectories but y0 has leading axis sizes "
-            f"{sorted(s for s in sizes if s is not None)}: pass one initial state per "
-            "recorded trajectory (y0 with leading axis "
-            f"{batch}), or record a mesh for this ensemble with gs.record."
-        )
-
-    if args_axes == 0:
-        arg_sizes = {
-            jnp.shape(x)[0] if jnp.ndim(x) else None for x in jtu.tree_leaves(args)
-        }
-        if arg_sizes - {batch}:
-            raise ValueError(
-                f"The mesh holds {batch} trajectories but args (args_axes=0) has "
-                f"leading axis sizes {sorted(s for s in arg_sizes if s is not None)}:"
-                f" pass one set of args per trajectory, or args_axes=None to share "
-                "them."
-            )
-
-
-def _replay_batched(mesh, terms, solver, y0, args, saveat, args_axes):
+def _replay_batched(mesh, terms, solver, y0, args, saveat, args_axes, partial):
     def one(m, y, a):
         return replay(
             m,
@@ -313,6 +312,7 @@ def _replay_batched(mesh, terms, solver, y0, args, saveat, args_axes):
             saveat=saveat,
             allow_other_solver=True,
             stale="ignore",
+            allow_partial=partial,
         )
 
     return jax.vmap(one, in_axes=(0, 0, args_axes))(mesh, y0, args)
