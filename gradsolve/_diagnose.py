@@ -34,32 +34,57 @@ def _largest(tree) -> float:
     return max(float(np.max(np.abs(np.asarray(x)), initial=0.0)) for x in tree)
 
 
-def _state_at_end(mesh, terms, solver, y0, args):
-    """Replay the failed mesh to the time it reached (it is padded with that time)."""
+def _last_finite_state(mesh, ys):
+    """`(n, y)`: the last accepted step whose state is finite in `ys` (a PyTree whose
+    leaves have a leading axis over `t0` and each step's end), and that state."""
+    n = int(mesh.num_steps)
+    leaves = [np.asarray(x) for x in jtu.tree_leaves(ys)]
+    for i in range(n, -1, -1):  # ys[i] is the state at ts[i]
+        if _finite([x[i] for x in leaves]):
+            return i, jtu.tree_map(lambda x: x[i], ys)
+    return None
+
+
+def _replayed_states(mesh, terms, solver, y0, args):
+    """The states of a replay of the failed mesh at `t0` and each step's end.
+
+    Only a stand-in for the recording's own states (`failure_message`'s `states`):
+    on a stiff problem an explicit solver's accepted steps sit at its stability
+    limit, where the recording's rejections kept it bounded and nothing keeps a
+    replay's round-off from growing, so a replay can overflow where the recording
+    never did (a recording never accepts a non-finite state).
+    """
     try:
-        sol = replay(
-            mesh, terms, solver, y0, args, stale="ignore", allow_partial=True
-        )
+        return replay(
+            mesh,
+            terms,
+            solver,
+            y0,
+            args,
+            saveat=diffrax.SaveAt(t0=True, steps=True),
+            stale="ignore",
+            allow_partial=True,
+        ).ys
     except Exception:
         return None
-    return jtu.tree_map(lambda x: x[-1], sol.ys)
 
 
-def _cause(mesh, terms, solver, y0, args, t0, t1) -> tuple[str, str]:
+def _cause(mesh, terms, solver, y0, args, t0, t1, states) -> tuple[str, str]:
     """The likely cause of a failed solve and its fix, as two sentences."""
-    n = int(mesh.num_steps)
     ts = np.asarray(mesh.ts)
-    t_end = ts[n]
     span = abs(float(t1) - float(t0))
-    h = abs(ts[n] - ts[n - 1]) if n > 0 else None
-    y = _state_at_end(mesh, terms, solver, y0, args)
-    if y is None:
+    try:
+        ys = states() if states is not None else None
+    except Exception:
+        ys = None
+    if ys is None:
+        ys = _replayed_states(mesh, terms, solver, y0, args)
+    found = None if ys is None else _last_finite_state(mesh, ys)
+    if found is None:
         return "", ""
-    if not _finite(y):
-        return (
-            f"The state became NaN or inf at t={t_end:.9g}.",
-            "Check the vector field and the parameters.",
-        )
+    n, y = found
+    t_end = ts[n]
+    h = abs(ts[n] - ts[n - 1]) if n > 0 else None
     direction = 1.0 if float(t1) >= float(t0) else -1.0
     base = h if h else span * 1e-6
     f = terms.vector_field
@@ -118,10 +143,22 @@ def _stiffness(f, t, y, args, h) -> float | None:
 
 
 def failure_message(
-    result, mesh: RecordedMesh, stats, terms, solver, y0, args, t0, t1, max_steps
+    result,
+    mesh: RecordedMesh,
+    stats,
+    terms,
+    solver,
+    y0,
+    args,
+    t0,
+    t1,
+    max_steps,
+    states=None,
 ) -> str | None:
     """A message naming the time and likely cause of a failed solve, or `None` if it
-    succeeded. Needs concrete values; `stats` may be `None` (a recording)."""
+    succeeded. Needs concrete values; `stats` may be `None` (a recording).
+    `states()`, if given, returns the states the recording accepted (at `t0` and
+    each step's end); else they are replayed from the mesh."""
     if result == diffrax.RESULTS.successful:
         return None
     n = int(mesh.num_steps)
@@ -133,7 +170,7 @@ def failure_message(
     if stats is not None:
         where += f" and {int(stats['num_rejected_steps'])} rejected ones"
     where += "."
-    cause, fix = _cause(mesh, terms, solver, y0, args, t0, t1)
+    cause, fix = _cause(mesh, terms, solver, y0, args, t0, t1, states)
     if result == diffrax.RESULTS.max_steps_reached:
         head = f"max_steps={max_steps} was reached {where}"
         fix = fix or (
@@ -191,7 +228,9 @@ def throw_in_graph(out, result, max_steps, valid, t_reached, t0, t1):
     )
 
 
-def throw_eagerly(out, mesh, stats, t0, t1, terms, solver, y0, args, max_steps):
+def throw_eagerly(
+    out, mesh, stats, t0, t1, terms, solver, y0, args, max_steps, states=None
+):
     """Return `out`, or raise a `ValueError` naming the time and cause of a failed
     solve. If the result turned out to be traced (a vector field closing over a
     tracer), fall back to the in-graph check of `throw_in_graph`."""
@@ -200,7 +239,7 @@ def throw_eagerly(out, mesh, stats, t0, t1, terms, solver, y0, args, max_steps):
         t_reached = mesh.ts[..., -1]
         return throw_in_graph(out, mesh.result, max_steps, True, t_reached, t0, t1)
     message = failure_message(
-        mesh.result, mesh, stats, terms, solver, y0, args, t0, t1, max_steps
+        mesh.result, mesh, stats, terms, solver, y0, args, t0, t1, max_steps, states
     )
     if message is not None:
         raise ValueError(message)

@@ -1,5 +1,7 @@
 """`diffeqsolve` and `record`: the adaptive solve, with the Diffrax fallback."""
 
+import contextlib
+import functools
 import numbers
 
 import diffrax
@@ -48,6 +50,24 @@ def _record(
         has_jumps=has_jump_ts(controller),
         kernel=kernel,
     )
+
+
+@contextlib.contextmanager
+def _explained_forward_mode():
+    """JAX's own error for `jax.jvp` / `jax.jacfwd` through the reverse-mode solve,
+    with where forward mode is available."""
+    try:
+        yield
+    except TypeError as e:
+        if "forward-mode autodiff" not in str(e):
+            raise
+        raise TypeError(
+            "gs.diffeqsolve is differentiated in reverse mode (jax.grad, jax.vjp, "
+            "jax.jacrev), as diffrax.diffeqsolve with its default adjoint. For "
+            "forward mode (jax.jvp, jax.jacfwd, jax.hessian) differentiate "
+            "gs.replay over a mesh (mesh = gs.record(...) or sol.mesh), or pass "
+            "adjoint=diffrax.DirectAdjoint(), which hands the solve to Diffrax."
+        ) from e
 
 
 def _check_max_steps(max_steps):
@@ -280,7 +300,7 @@ def diffeqsolve(
     check_concrete_inputs(t0, t1, dt0, y0, args, saveat)
     # Called eagerly, a failure is explained on the host (with its time and cause).
     eager = throw and is_concrete(terms, t0, t1, dt0, y0, args, saveat)
-    with explained_explicit_mesh("gs.diffeqsolve"):
+    with explained_explicit_mesh("gs.diffeqsolve"), _explained_forward_mode():
         sol = _fast_diffeqsolve(
             terms,
             solver,
@@ -307,9 +327,41 @@ def diffeqsolve(
             y0,
             args,
             max_steps,
+            states=functools.partial(
+                _accepted_states,
+                terms,
+                solver,
+                t0,
+                t1,
+                dt0,
+                y0,
+                args,
+                stepsize_controller,
+                max_steps,
+            ),
         )
         sol = eqx.tree_at(lambda s: s.ys, sol, ys)
     return sol
+
+
+def _accepted_states(terms, solver, t0, t1, dt0, y0, args, controller, max_steps):
+    """The states a (failed) solve accepted, at `t0` and at each step's end: what a
+    failure's diagnosis looks at."""
+    saveat = diffrax.SaveAt(t0=True, steps=True)
+    return _fast_diffeqsolve(
+        terms,
+        solver,
+        t0,
+        t1,
+        dt0,
+        y0,
+        args,
+        saveat,
+        controller,
+        max_steps,
+        False,
+        "xla",
+    ).ys
 
 
 @eqx.filter_jit
@@ -443,7 +495,19 @@ def record(
             kernel,
         )
     if eager:
+        states = functools.partial(
+            _accepted_states,
+            terms,
+            solver,
+            t0,
+            t1,
+            dt0,
+            y0,
+            args,
+            stepsize_controller,
+            max_steps,
+        )
         mesh = throw_eagerly(
-            mesh, mesh, None, t0, t1, terms, solver, y0, args, max_steps
+            mesh, mesh, None, t0, t1, terms, solver, y0, args, max_steps, states
         )
     return mesh

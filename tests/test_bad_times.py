@@ -60,3 +60,44 @@ def test_max_steps_must_be_a_positive_integer(fn, max_steps):
             stepsize_controller=CTRL,
             max_steps=max_steps,
         )
+
+
+def test_forward_mode_through_diffeqsolve_points_to_replay():
+    solve = lambda rate: (
+        gs.diffeqsolve(
+            TERM, gs.Tsit5(), 0.0, 1.0, None, Y0, rate, stepsize_controller=CTRL
+        ).ys
+    )
+    for transform in (
+        lambda f: jax.jvp(f, (0.5,), (1.0,)),
+        lambda f: jax.jacfwd(f)(0.5),
+    ):
+        with pytest.raises(TypeError, match="forward mode .* gs.replay"):
+            transform(solve)
+
+
+def test_stiff_problem_at_a_loose_tolerance_is_called_stiff():
+    # Robertson's kinetics on an explicit solver: only rejected trial steps
+    # overflow, the accepted states stay finite, and the message says stiff.
+    def robertson(t, y, k):
+        return jnp.stack(
+            [
+                -k[0] * y[0] + k[2] * y[1] * y[2],
+                k[0] * y[0] - k[1] * y[1] ** 2 - k[2] * y[1] * y[2],
+                k[1] * y[1] ** 2,
+            ]
+        )
+
+    for fn in (gs.diffeqsolve, gs.record):
+        with pytest.raises(ValueError, match="looks stiff.*gs.Rodas5"):
+            fn(
+                diffrax.ODETerm(robertson),
+                gs.Tsit5(),
+                0.0,
+                1e3,
+                None,
+                jnp.array([1.0, 0.0, 0.0]),
+                jnp.array([0.04, 3e7, 1e4]),
+                stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-6),
+                max_steps=2000,
+            )
