@@ -41,8 +41,17 @@ class Solution(eqx.Module):
     event_mask: None = None
 
     def evaluate(self, t0, t1=None, left=True):
-        raise NotImplementedError(
-            "gradsolve solutions hold no dense interpolant. Save where you need values "
-            "with SaveAt(ts=...), or pass SaveAt(dense=True) to gs.diffeqsolve, which "
-            "then runs diffrax.diffeqsolve and returns its dense solution."
-        )
+        """Not available: the solve kept no dense interpolant (a `ValueError`, as
+        `diffrax.Solution.evaluate` without `SaveAt(dense=True)`)."""
+        raise ValueError(_NO_DENSE)
+
+    def derivative(self, t, left=True):
+        """Not available, as `evaluate`."""
+        raise ValueError(_NO_DENSE)
+
+
+_NO_DENSE = (
+    "gradsolve solutions hold no dense interpolant. Save where you need values with "
+    "SaveAt(ts=...), or pass SaveAt(dense=True) to gs.diffeqsolve, which then runs "
+    "diffrax.diffeqsolve and returns its dense solution."
+)

@@ -217,3 +217,14 @@ def test_fallback_does_not_recurse_when_diffrax_points_at_gradsolve(monkeypatch)
     ours = diffrax.diffeqsolve(*args, stepsize_controller=PID)
     theirs = original(*args, stepsize_controller=PID)
     _close(ours.ys, theirs.ys)
+
+
+def test_solution_fields_without_dense_output_or_saved_state():
+    ours, theirs = _both(0.0, 1.0, 0.1, jnp.array([1.0]))
+    for sol in (ours, theirs):
+        for name in ("solver_state", "controller_state", "made_jump"):
+            assert getattr(sol, name) is None
+        with pytest.raises(ValueError):
+            sol.evaluate(0.2, 0.8)
+        with pytest.raises(ValueError):
+            sol.derivative(0.2)
