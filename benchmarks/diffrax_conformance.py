@@ -138,6 +138,9 @@ def main():
         help="run the whole baseline, not only the cases that failed swapped",
     )
     parser.add_argument("--out", default="benchmarks/results/diffrax_conformance.json")
+    parser.add_argument(
+        "--report", action="store_true", help="print the table of --out; run nothing"
+    )
     parser.add_argument("pytest_args", nargs="*", help="passed on to pytest")
     a = parser.parse_args()
     files = a.files.split(",")
@@ -145,6 +148,9 @@ def main():
     if os.path.exists(a.out):  # keep earlier files' results when running a subset
         with open(a.out) as f:
             results.update(json.load(f))
+    if a.report:
+        print(table(results, [n for n in FILES if n in results]))
+        return
     for name in files:
         results[name] = {}
         for mode in a.modes.split(","):
