@@ -15,10 +15,17 @@ Both runs must exit 0, and they must print the same numbers: every number the
 notebook prints (timings masked), in order, and a summary appended after the last
 cell (for each global that is a solution, a floating JAX array, or a container or
 notebook-defined Equinox module holding such arrays, in sorted name order: shape,
-sum, largest magnitude and count of non-finite entries of each array; the value of a
-cell's last expression, which Jupyter would display, is kept as `_cell<i>_out`).
-Numbers agree when within `--rtol` (default 1e-8 in float64, 1e-4 in float32)
-relative to the larger, `--atol` absolute, or one unit in the last printed digit.
+sum, largest magnitude and count of non-finite entries of each array, and a
+solution's step counts; the value of a cell's last expression, which Jupyter would
+display, is kept as `_cell<i>_out`). Numbers agree when within `--rtol` (default
+1e-8 in float64, 1e-4 in float32) relative to the larger, `--atol` absolute, or one
+unit in the last printed digit; `LOOSE` below names the notebooks that amplify
+round-off, and their looser tolerance. Two substitutions are compatibility fixes
+for the installed versions, not size (kalman_filter, underdamped_langevin_example).
+
+In the swapped run `diffrax.diffeqsolve` is a thin wrapper that counts, per trace,
+how many solves gradsolve ran itself and how many it passed on to Diffrax (the last
+column of the table); `--plain-swap` assigns `gs.diffeqsolve` itself instead.
 
 ```bash
 python benchmarks/diffrax_examples.py /tmp/diffrax-src                # float64
@@ -102,7 +109,10 @@ SHRINK = {
             "main(batch_size=32, steps=3, steps_per_print=1, dataset_size=128, "
             "hidden_size=8, width_size=8)",
         ),
-        (r"num_samples = min\(50, dataset_size\)", "num_samples = min(8, dataset_size)"),
+        (
+            r"num_samples = min\(50, dataset_size\)",
+            "num_samples = min(8, dataset_size)",
+        ),
     ],
     "nonlinear_heat_pde": [],
     "sde_example": [
@@ -170,7 +180,7 @@ diffrax.diffeqsolve = _diffrax_examples_counted
 """
 PATHS = "=== diffrax_examples paths ==="
 
-EPILOGUE = '''
+EPILOGUE = """
 def _diffrax_examples_summary(namespace, mark):
     import json
 
@@ -245,7 +255,7 @@ def _diffrax_examples_summary(namespace, mark):
 
 
 _diffrax_examples_summary(dict(globals()), MARK_TEXT)
-'''.replace("MARK_TEXT", repr(MARK))
+""".replace("MARK_TEXT", repr(MARK))
 
 
 def code_cells(path):
@@ -296,9 +306,9 @@ def _keep_last_expression(src, i):
     node = body[-1]
     lines = src.splitlines()
     k = node.lineno - 1
-    lines[k] = lines[k][: node.col_offset] + f"_cell{i}_out = " + lines[k][
-        node.col_offset :
-    ]
+    lines[k] = (
+        lines[k][: node.col_offset] + f"_cell{i}_out = " + lines[k][node.col_offset :]
+    )
     return "\n".join(lines)
 
 
@@ -457,7 +467,7 @@ def main():
     parser.add_argument("--float32", action="store_true", help="JAX_ENABLE_X64=0")
     parser.add_argument("--rtol", type=float, help="default 1e-8 (float32: 1e-4)")
     parser.add_argument("--atol", type=float, help="default 1e-12 (float32: 1e-6)")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds per run")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per run")
     parser.add_argument("--out", help="JSON output (default benchmarks/results/...)")
     parser.add_argument("--keep", help="also write the generated scripts here")
     parser.add_argument(
