@@ -17,7 +17,7 @@ from ._kernel_select import kernel_considered, kernel_unsupported, use_kernel
 from ._mesh import RecordedMesh, pad_after
 from ._problem import LeafProblem
 from ._saving import SaveLayout, SavePlan, assemble, caller_times, save_layout
-from ._solver.base import AbstractGradsolveSolver
+from ._solver.base import AbstractGradsolveSolver, opaque
 from ._solver.interpolation import combine, normalised_time
 
 
@@ -88,6 +88,10 @@ def record_loop(
     chooses the fused Pallas kernel for the loop when the problem fits; it takes the
     same steps. Recordings that keep states for the adjoint always run on XLA.
     """
+    # The inputs as the replay compiles them, whether the caller passes them as
+    # constants or as arguments (see `opaque`).
+    t0, t1, dt0, y0, args = opaque((t0, t1, dt0, y0, problem.args))
+    problem = LeafProblem(f=problem.f, args=args, treedef=problem.treedef)
     direction = jnp.where(t0 < t1, 1, -1)
     ti0 = t0 * direction
     ti1 = t1 * direction

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import diffrax
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
@@ -57,6 +58,21 @@ def runtime_zero(t) -> Array:
     """
     t = jnp.asarray(t)
     return t - t
+
+
+def opaque(tree):
+    """`tree` with its arrays passed through `jax.lax.optimization_barrier`: values the
+    compiler cannot see into.
+
+    A recording and its replay are different programs, and the caller may pass `y0`,
+    `args` or the times as constants to one and as arguments to the other. XLA folds
+    and reassociates arithmetic on constants (`(b * y0) * y1` becomes
+    `(y0 * y1) * b` when `b` is a constant, and a constant subexpression is evaluated
+    without fused multiply-adds), so the two would round differently. Taken through
+    this barrier at the entry of both, the inputs are compiled the same way.
+    """
+    dynamic, static = eqx.partition(tree, eqx.is_array)
+    return eqx.combine(jax.lax.optimization_barrier(dynamic), static)
 
 
 def linear_combination(
