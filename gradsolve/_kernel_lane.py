@@ -4,18 +4,19 @@ These functions are written for one trajectory, on scalars, and the kernel
 (`_kernel.py`) maps them over the lanes of its block with `jax.vmap`, exactly as the
 XLA recording is mapped over an ensemble. The step is the solver's own `step_leaves`,
 the vector field the component field of `_components.py`, and the controller's
-arithmetic Diffrax's (`_kernel_controller.py`): every accepted or rejected step is
+arithmetic Diffrax's (`_controller.py`): every accepted or rejected step is
 computed as in the XLA loop, so both take the same steps.
 """
 
 import dataclasses
+import math
 
 import equinox as eqx
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from ._components import args_from_elements
-from ._kernel_controller import adapt_step_size
+from ._controller import adapt_step_size
 from ._problem import LeafProblem
 from ._solver.interpolation import combine, normalised_time
 
@@ -83,8 +84,9 @@ def attempt(st: LaneStatics, s, k):
     )
     y_error = [jnp.where(jnp.isnan(e), jnp.inf, e) for e in y_error]
     cstate = jtu.tree_unflatten(st.cstate_tree, s["cstate"])
+    sizes = tuple(math.prod(shape) for shape in st.representation.layout.shapes)
     keep, next_tprev, next_tnext, cstate, result = adapt_step_size(
-        controller, tprev, tnext, y, y1, y_error, st.error_order, cstate
+        controller, tprev, tnext, y, y1, y_error, st.error_order, cstate, sizes
     )
     ti1 = k["ti1"]
     next_tprev = jnp.minimum(next_tprev, ti1)

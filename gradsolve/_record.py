@@ -1,21 +1,23 @@
 """The adaptive forward pass: Diffrax's stepping loop, keeping the accepted steps."""
 
+import math
+
 import diffrax
 import equinox as eqx
 import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
-import optimistix as optx
 from diffrax._term import WrapTerm
 from jaxtyping import Array
 
 from ._components import Representation
+from ._controller import NORMS, on_components
 from ._kernel import kernel_loop
 from ._kernel_select import kernel_considered, kernel_unsupported, use_kernel
 from ._mesh import RecordedMesh, StateStructure, pad_after
 from ._problem import LeafProblem
 from ._saving import SaveLayout, SavePlan, assemble, caller_times, save_layout
-from ._solver.base import AbstractGradsolveSolver
+from ._solver.base import AbstractGradsolveSolver, opaque
 from ._solver.interpolation import combine, normalised_time
 
 
@@ -40,10 +42,11 @@ CHECKPOINT_EVERY = 16
 
 def _clip_floor(t1):
     # Diffrax rounds a step ending within 100 ULPs of t1 to end at t1, so that no
-    # uselessly short last step is taken.
+    # uselessly short last step is taken. (`eqxi.prevbefore`, as Diffrax steps down:
+    # the number before 0 is `-tiny`, not the smallest subnormal.)
     floor = t1
     for _ in range(100):
-        floor = jnp.nextafter(floor, jnp.array(-jnp.inf, dtype=floor.dtype))
+        floor = eqxi.prevbefore(floor)
     return floor
 
 
@@ -85,6 +88,10 @@ def record_loop(
     chooses the fused Pallas kernel for the loop when the problem fits; it takes the
     same steps. Recordings that keep states for the adjoint always run on XLA.
     """
+    # The inputs as the replay compiles them, whether the caller passes them as
+    # constants or as arguments (see `opaque`).
+    t0, t1, dt0, y0, args = opaque((t0, t1, dt0, y0, problem.args))
+    problem = LeafProblem(f=problem.f, args=args, treedef=problem.treedef)
     direction = jnp.where(t0 < t1, 1, -1)
     ti0 = t0 * direction
     ti1 = t1 * direction
@@ -116,11 +123,22 @@ def record_loop(
     to_leaves = representation.merge
     y = representation.split(y0)
     norm = getattr(controller, "norm", None)
-    if norm in (optx.rms_norm, optx.max_norm):
+    step_controller = None
+    if representation.layout is not None:
+        sizes = tuple(math.prod(s) for s in representation.layout.shapes)
+        step_controller = on_components(controller, sizes)
+    if step_controller is not None:
+        # A PIDController's error estimate computed on the components in the
+        # operations of Diffrax's on the leaves (`_controller.py`), as the kernel and
+        # the replay compute it.
+        as_tree = list
+    elif norm in NORMS:
         # These norms see only the elements, not the structure: hand them the
-        # components as they are.
+        # leaves as they are.
+        step_controller = controller
         as_tree = tuple
     else:
+        step_controller = controller
         as_tree = lambda comps: problem.tree(to_leaves(comps))
     lane = dict(
         ti0=ti0,
@@ -158,7 +176,7 @@ def record_loop(
         c, every = _xla_loop(
             problem,
             solver,
-            controller,
+            step_controller,
             error_order,
             vf,
             as_tree,

@@ -9,7 +9,10 @@ from typing import ClassVar
 
 import diffrax
 import equinox as eqx
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array
 
 from .._custom_types import LeafField, Leaves
 
@@ -44,19 +47,57 @@ class Coefficients:
         return len(self.b_sol)
 
 
+def runtime_zero(t) -> Array:
+    """`0` (in the dtype of `t`), computed from the time `t` (finite) so that the
+    compiler cannot see it.
+
+    A sum that starts from it is accumulated with fused multiply-adds in a fixed
+    order (see `linear_combination`). A literal `0` would be folded away, and the
+    first two products of the sum would then be fused in whichever order the
+    backend's compiler prefers.
+    """
+    t = jnp.asarray(t)
+    return t - t
+
+
+def opaque(tree):
+    """`tree` with its arrays passed through `jax.lax.optimization_barrier`: values the
+    compiler cannot see into.
+
+    A recording and its replay are different programs, and the caller may pass `y0`,
+    `args` or the times as constants to one and as arguments to the other. XLA folds
+    and reassociates arithmetic on constants (`(b * y0) * y1` becomes
+    `(y0 * y1) * b` when `b` is a constant, and a constant subexpression is evaluated
+    without fused multiply-adds), so the two would round differently. Taken through
+    this barrier at the entry of both, the inputs are compiled the same way.
+    """
+    dynamic, static = eqx.partition(tree, eqx.is_array)
+    return eqx.combine(jax.lax.optimization_barrier(dynamic), static)
+
+
 def linear_combination(
-    base: Leaves | None, weights: Sequence[float], terms: Sequence[Leaves]
+    base: Leaves | None,
+    weights: Sequence[float],
+    terms: Sequence[Leaves],
+    zero: Array | None = None,
 ) -> Leaves:
     """`base + sum_i weights[i] * terms[i]`, leaf by leaf, skipping zero weights.
 
-    The sum is accumulated in stage order and `base` is added last, as Diffrax does
-    (`y0 + tensordot(a, ks)`), so that both round the same way.
+    This is Diffrax's `y0 + tensordot(a, ks)` in its order of operations: the sum
+    runs over the terms in order from `zero` (see `runtime_zero`), each term added
+    as `acc + w * k` (which XLA compiles to a fused multiply-add, as its dot does),
+    and `base` is added last. Skipping a zero weight changes nothing: the dot adds
+    `0 * k = 0` there. Without `zero` the sum starts from the first product (its
+    rounding then depends on how the compiler fuses the first two products).
     """
     pairs = [(w, term) for w, term in zip(weights, terms) if w != 0]
     num_leaves = len(base) if base is not None else len(terms[0])
     out = []
     for leaf in range(num_leaves):
         acc = None
+        if zero is not None:
+            like = terms[0][leaf]
+            acc = jnp.broadcast_to(zero.astype(jnp.result_type(like)), jnp.shape(like))
         for w, term in pairs:
             contribution = w * term[leaf]
             acc = contribution if acc is None else acc + contribution
@@ -77,9 +118,12 @@ def explicit_rk_step(
 ) -> tuple[Leaves, Leaves, list[Leaves], Leaves]:
     """One explicit Runge--Kutta step from `t0` to `t1` (internal, increasing time).
 
-    Mirrors `diffrax.AbstractRungeKutta.step` for an `ODETerm`: the stage times are
-    `t0 + c_i (t1 - t0)`, the increments are `k_i = f_i * control` with control the
-    step in the caller's time, and the first stage is `f0` when it is known (FSAL).
+    Mirrors `diffrax.AbstractRungeKutta.step` for an `ODETerm`, operation for
+    operation: the stage times are `t0 + c_i (t1 - t0)` (`t1` itself where
+    `c_i = 1`), the increments are `k_i = f_i * control` with control the step in the
+    caller's time, the stages, `y1` and the error estimate are summed as Diffrax's
+    `tensordot` over the stages sums them (see `linear_combination`), and the first
+    stage is `f0` when it is known (FSAL).
 
     **Arguments:**
 
@@ -100,13 +144,16 @@ def explicit_rk_step(
     control = direction * h
     fs = [vf(direction * t0, y0) if f0 is None else f0]
     ks = [[control * leaf for leaf in fs[0]]]
+    zero = runtime_zero(t0)
     for row, c in zip(coeffs.a, coeffs.c[1:]):
-        y_stage = linear_combination(y0, row, ks)
-        f_stage = vf(direction * (t0 + c * h), y_stage)
+        y_stage = linear_combination(y0, row, ks, zero)
+        # Diffrax takes the stage at `c = 1` at `t1` itself, not at `t0 + (t1 - t0)`.
+        t_stage = t1 if c == 1 else t0 + c * h
+        f_stage = vf(direction * t_stage, y_stage)
         fs.append(f_stage)
         ks.append([control * leaf for leaf in f_stage])
-    y1 = linear_combination(y0, coeffs.b_sol, ks)
-    y_error = linear_combination(None, coeffs.b_error, ks)
+    y1 = linear_combination(y0, coeffs.b_sol, ks, zero)
+    y_error = linear_combination(None, coeffs.b_error, ks, zero)
     return y1, y_error, ks, fs[-1]
 
 
