@@ -18,7 +18,8 @@ takes, in words, in a chunk (working arrays) + in the whole batch (results):
 - replay: `4 S + 4 n + 3.5 n^2 + 8 + p`, + `(m + 3) n S` for `SaveAt(ts=...)` or
     `n S` for `SaveAt(steps=True)`; + `2 k (n + 1) + 8`;
 - gradient: `S ((1 + fsal) n + 3) + 30 n + 12 n^2 + 8 + 3 p`, + the same for
-    saving; + `k (n + 1) + 2 (n + p) + 8`.
+    saving; + `2 (n + p)` (the cotangents of `y0` and `args`), + `(k + 1) (n + 1)`
+    if `k > 1`.
 
 The `n^2` terms are a Rosenbrock solver's Jacobian and its factorisation (zero for
 explicit solvers); the recording's time buffer and its trimmed copy give its
@@ -139,7 +140,7 @@ def replay_footprint(
     if gradient:
         jac = 12 * n * n if implicit else 0
         chunk = steps * ((1 + fsal) * n + 3) + saved + 30 * n + jac + 8 + 3 * p
-        batch = saves * (n + 1) + 2 * (n + p) + 8
+        batch = 2 * (n + p) + ((saves + 1) * (n + 1) if saves > 1 else 0)
     else:
         jac = 3.5 * n * n if implicit else 0
         chunk = 4 * steps + saved + 4 * n + jac + 8 + p

@@ -128,9 +128,17 @@ class _Pieces:
         length = max(m.max_steps for _, m in self.pieces)
         out = _empty(mesh, self.batch, length)
         del mesh
+        # A piece is written in blocks of rows: each block is padded to the mesh's
+        # steps on the way, a copy that should stay small beside the mesh.
+        block = max(64, -(-self.batch // 16))
         while self.pieces:  # each piece is released once written
             rows, mesh = self.pieces.pop(0)
-            out = _write(out, mesh, jnp.asarray(rows))
+            for start in range(0, rows.size, block):
+                part = jtu.tree_map(lambda x: x[start : start + block], mesh)
+                index = jnp.asarray(rows[start : start + block])
+                # Waited for: a buffer still in use by a queued write is not
+                # donated but copied.
+                out = jax.block_until_ready(_write(out, part, index))
         return out
 
 
