@@ -8,9 +8,7 @@ fit a budget. Trajectories are independent, so the chunked results are those of 
 batch (the tests check bitwise equality).
 """
 
-import math
 import operator
-import os
 
 import diffrax
 import equinox as eqx
@@ -18,90 +16,23 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
+from ._memory import (
+    available_memory as available_memory,
+    default_budget as default_budget,
+    estimate_memory as estimate_memory,
+    fit_chunk,
+    record_footprint,
+    replay_footprint,
+)
 from ._mesh import RecordedMesh
 from ._mesh_checks import check_complete, rows_fault
+from ._record_chunks import record_in_chunks
 from ._replay import replay
 from ._sharding import Split, full_axes, pad_rows, resolve_split, run_sharded
-from ._short_buffer import pad_steps, record_with_short_buffer
+from ._short_buffer import SHORT_BUFFER, pad_steps
 from ._solution import Solution
 from ._solve import record
 from ._stale import check_stale
-
-
-# Copies of the `(max_steps + 1,)` time buffer alive at once in a recording (the
-# loop's buffer, its padded result, the trimmed copy).
-_RECORD_COPIES = 3
-# Stages of the largest explicit solver plus states live in one step.
-_STEP_STATES = 12
-
-
-def available_memory() -> int:
-    """Bytes free on the default device: the accelerator's free memory, else the
-    host's `MemAvailable`."""
-    device = jax.devices()[0]
-    stats = device.memory_stats() if device.platform != "cpu" else None
-    if stats and "bytes_limit" in stats:
-        return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
-
-
-def default_budget() -> int:
-    """Half the available memory: room for the caller's own arrays and copies."""
-    return available_memory() // 2
-
-
-def _state_bytes(y0) -> int:
-    """Bytes of one trajectory's state (`y0` without its batch axis)."""
-    return sum(
-        math.prod(jnp.shape(x)[1:]) * jnp.result_type(x).itemsize
-        for x in jtu.tree_leaves(y0)
-    )
-
-
-def estimate_memory(batch: int, max_steps: int, y0, *, saves: int = 1) -> dict:
-    """Estimate the bytes that recording, replaying and differentiating an ensemble
-    will need at their peak, before allocating anything.
-
-    **Arguments:**
-
-    - `batch`: the number of trajectories.
-    - `max_steps`: the steps per trajectory: `max_steps` for a recording, the
-        trimmed `mesh.max_steps` for a replay.
-    - `y0`: the batched initial state (only shapes and dtypes are read).
-    - `saves`: the number of saved values per trajectory.
-
-    **Returns:**
-
-    A dict of byte counts `record`, `replay` (forward) and `gradient` (reverse mode
-    through the replay, which keeps one state per step).
-    """
-    state = _state_bytes(y0)
-    time = 8
-    steps = max_steps + 1
-    record_bytes = batch * (_RECORD_COPIES * steps * time + _STEP_STATES * state)
-    replay_bytes = batch * (steps * time + (saves + _STEP_STATES) * state)
-    gradient_bytes = replay_bytes + batch * steps * (2 * state + time)
-    return dict(record=record_bytes, replay=replay_bytes, gradient=gradient_bytes)
-
-
-def _chunk_size(
-    batch: int, per_trajectory: int, budget: int | None, what: str, fix: str
-) -> int:
-    budget = default_budget() if budget is None else budget
-    fits = budget // max(per_trajectory, 1)
-    if fits < 1:
-        raise ValueError(
-            f"One trajectory's {what} needs about {per_trajectory:,} bytes, more than "
-            f"the memory budget of {budget:,} bytes: {fix}, or raise memory_budget."
-        )
-    return max(1, min(batch, fits))
 
 
 def _check_count(value, name: str, meaning: str, default: str | None = None) -> None:
@@ -129,18 +60,6 @@ def _check_sizes(memory_budget, chunk_size) -> None:
     )
 
 
-def _split(tree, batch: int, size: int):
-    """`tree`'s leading axis padded (by repeating the last row) to whole chunks,
-    reshaped to `(chunks, size, ...)`."""
-    chunks = -(-batch // size)
-
-    def split(x):
-        x = pad_rows(jnp.asarray(x), chunks * size - batch)
-        return x.reshape((chunks, size) + x.shape[1:])
-
-    return jtu.tree_map(split, tree)
-
-
 @eqx.filter_jit
 def _record_batch(terms, solver, t0, t1, dt0, y0, args, args_axes, steps, throw, kw):
     """`jax.vmap` of `record`, compiled once per shape and setting (a module-level
@@ -157,8 +76,10 @@ def _record_one(terms, solver, t0, t1, dt0, y0, args, max_steps, kwargs):
 
 def _device_budget(memory_budget, split: Split | None):
     """The bytes one device may use: CPU devices of one process share its memory."""
-    if memory_budget is not None or split is None:
+    if memory_budget is not None:
         return memory_budget
+    if split is None:
+        return default_budget()
     if jax.devices()[0].platform != "cpu":
         return default_budget()
     if not isinstance(split.mesh, jax.sharding.Mesh):  # abstract: count them all
@@ -242,9 +163,12 @@ def record_ensemble(
     As [`gradsolve.record`][], with `y0` (and `args` when `args_axes=0`) batched
     along a leading axis, and:
 
-    - `memory_budget`: bytes the recording may use on each device (default: half
-        the available memory, see `available_memory`, shared by a host's CPU
-        devices).
+    - `memory_budget`: bytes the recording may use on each device on top of its
+        inputs, the mesh returned included (default: half the available memory,
+        see `available_memory`, shared by a host's CPU devices). Half goes to the
+        chunk being recorded, half to the mesh, which is assembled from the
+        chunks' meshes and so held twice meanwhile: a mesh larger than that is an
+        error as soon as the chunks recorded show it.
     - `chunk_size`: trajectories per chunk on each device (default: as many as fit
         the budget).
     - `sharding`: the devices to split the ensemble over (see
@@ -277,12 +201,23 @@ def record_ensemble(
         split = None
     devices = 1 if split is None else split.size
     local_batch = -(-batch // devices)
+    budget, parts = None, chunk_size
     if chunk_size is None:
-        per = estimate_memory(1, max_steps, y0)["record"]
+        # Half the budget for the chunk being recorded, half for the mesh returned
+        # (assembled from the chunks' meshes, which it holds twice meanwhile).
         budget = _device_budget(memory_budget, split)
-        chunk_size = _chunk_size(
-            local_batch, per, budget, "recording", "lower max_steps"
+        fit = lambda steps: fit_chunk(
+            local_batch,
+            record_footprint(steps, y0, solver, None if args_axes is None else args),
+            budget,
+            "recording",
+            "lower max_steps",
+            share=0.5,
         )
+        # On one device chunks are recorded with a short buffer first, and the
+        # trajectories that need more steps again, `parts` at a time.
+        parts = fit(max_steps)
+        chunk_size = parts if split is not None else fit(min(max_steps, SHORT_BUFFER))
     throw = kwargs.pop("throw", True)
     if split is None:
 
@@ -291,21 +226,10 @@ def record_ensemble(
                 terms, solver, t0, t1, dt0, y, a, args_axes, steps, throw, kwargs
             )
 
-        meshes = []
-        for start in range(0, max(batch, 1), chunk_size):
-            take = lambda x: x[start : start + chunk_size]
-            chunk_args = args if args_axes is None else jtu.tree_map(take, args)
-            meshes.append(
-                record_with_short_buffer(
-                    record_batch,
-                    jtu.tree_map(take, y0),
-                    chunk_args,
-                    args_axes,
-                    max_steps,
-                    throw,
-                )
-            )
-        return jtu.tree_map(lambda *xs: jnp.concatenate(xs), *_pad_steps(meshes))
+        chunks = (chunk_size, parts, budget)
+        return record_in_chunks(
+            record_batch, y0, args, args_axes, max_steps, throw, *chunks
+        )
     kwargs = dict(kwargs, throw=throw)
     # Chunks are taken within every device's shard, so no trajectory moves.
     inputs = _place((y0, args), (0, args_axes), batch, split)
@@ -388,27 +312,55 @@ def replay_ensemble(
         split = None
     devices = 1 if split is None else split.size
     if chunk_size is None:
-        saves = max(1, len(saveat.subs.ts) if saveat.subs.ts is not None else 1)
-        per = estimate_memory(1, mesh.max_steps, y0, saves=saves)["gradient"]
+        # Sized for the gradient, which needs more than the replay it runs.
+        need = _replay_footprint(mesh, y0, solver, args, args_axes, saveat)
         budget = _device_budget(memory_budget, split)
         fix = (
             f"replay over a shorter mesh (it has {mesh.max_steps} steps; "
             "mesh.trim() removes padding), save fewer times"
         )
-        chunk_size = _chunk_size(-(-batch // devices), per, budget, "gradient", fix)
+        local = -(-batch // devices)
+        chunk_size = fit_chunk(local, need, budget, "gradient", fix)
     # Checked here once for a concrete mesh; else by every chunk's replay.
     partial = allow_partial or check_complete(mesh)
     fixed = (terms, solver, saveat, args_axes, stale, partial, chunk_size)
     if split is None:
-        return _replay_chunks(*fixed, *inputs)
+        sol = _replay_compiled(*fixed, *inputs)
+        return eqx.tree_at(lambda s: s.mesh, sol, mesh, is_leaf=_is_none)
     axes = (None,) * len(fixed) + in_axes
     return run_sharded(_replay_chunks, fixed + inputs, axes, split)
+
+
+def _replay_footprint(mesh, y0, solver, args, args_axes, saveat):
+    """The gradient's `Footprint` for these replay arguments."""
+    sub = saveat.subs if isinstance(saveat.subs, diffrax.SubSaveAt) else None
+    if sub is None:  # gs.replay says what it supports
+        return replay_footprint(mesh.max_steps, y0, solver, gradient=True)
+    times = 0 if sub.ts is None else len(sub.ts)
+    saves = times + bool(sub.t0) + bool(sub.t1) + (mesh.max_steps if sub.steps else 0)
+    return replay_footprint(
+        mesh.max_steps,
+        y0,
+        solver,
+        None if args_axes is None else args,
+        saves=max(saves, 1),
+        dense=times > 0,
+        keep_states=bool(sub.steps),
+        gradient=True,
+    )
 
 
 def _replay_chunks(
     terms, solver, saveat, args_axes, stale, partial, chunk_size, mesh, y0, args
 ):
-    """`replay_ensemble` on one device's trajectories."""
+    """`replay_ensemble` on one device's trajectories.
+
+    Every chunk's rows are sliced out of the inputs where they lie (a padded or
+    reshaped copy of the whole mesh would cost more than the chunks): chunk `k`
+    replays rows `[k * chunk_size, (k + 1) * chunk_size)`, and the last one the last
+    `chunk_size` rows, which overlap the previous chunk's. The overlapping rows are
+    replayed twice by the same program, so the results are the same either way.
+    """
     batch = mesh.ts.shape[0]
     if batch == 0 or chunk_size >= batch:
         return replay(
@@ -422,18 +374,18 @@ def _replay_chunks(
             stale=stale,
             allow_partial=partial,
         )
-    split_args = args if args_axes is None else _split(args, batch, chunk_size)
+    chunks = -(-batch // chunk_size)
+    starts = jnp.minimum(jnp.arange(chunks) * chunk_size, batch - chunk_size)
 
     @jax.checkpoint
-    def one(chunk):
-        m, y, a = chunk
-        if args_axes is None:
-            a = args
+    def one(start):
+        take = lambda x: jax.lax.dynamic_slice_in_dim(x, start, chunk_size)
+        a = args if args_axes is None else jtu.tree_map(take, args)
         sol = replay(
-            m,
+            jtu.tree_map(take, mesh),
             terms,
             solver,
-            y,
+            jtu.tree_map(take, y0),
             a,
             saveat=saveat,
             args_axes=args_axes,
@@ -442,13 +394,16 @@ def _replay_chunks(
         )
         return sol.ts, sol.ys, sol.stats.get("max_error_ratio")
 
-    chunks = (
-        _split(mesh, batch, chunk_size),
-        _split(y0, batch, chunk_size),
-        None if args_axes is None else split_args,
-    )
-    ts, ys, ratio = jax.lax.map(one, chunks)
-    merge = lambda x: None if x is None else x.reshape((-1,) + x.shape[2:])[:batch]
+    ts, ys, ratio = jax.lax.map(one, starts)
+    # Rows of the last chunk that the previous chunks did not replay.
+    new = batch - (chunks - 1) * chunk_size
+
+    def merge(x):
+        if x is None:
+            return None
+        done = x[:-1].reshape((-1,) + x.shape[2:])
+        return jnp.concatenate([done, x[-1, chunk_size - new :]])
+
     ts, ys, ratio = merge(ts), jtu.tree_map(merge, ys), merge(ratio)
     ts, ys = check_stale((ts, ys), ratio, stale)
     stats = dict(
@@ -468,3 +423,13 @@ def _replay_chunks(
         result=mesh.result,
         mesh=mesh,
     )
+
+
+@eqx.filter_jit
+def _replay_compiled(*inputs):
+    """`_replay_chunks` compiled as one program, also when called outside `jit`: op
+    by op, every slice would be a new copy of the ensemble's arrays (and every call
+    would compile the replay again). The solution comes without its mesh, which the
+    caller puts back: an output of a compiled program is a copy."""
+    sol = _replay_chunks(*inputs)
+    return eqx.tree_at(lambda s: s.mesh, sol, None)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import gradsolve as gs
+from gradsolve._memory import RUNTIME_BYTES
 from gradsolve._short_buffer import SHORT_BUFFER
 
 from .helpers import PROBLEMS
@@ -83,9 +84,11 @@ def test_chunked_replay_gradient_is_the_batched_one(mesh, saveat):
 
 
 def test_budget_sets_the_chunks(mesh):
+    # A budget of XLA's fixed runtime bytes and about four trajectories' gradients.
     per = gs.estimate_memory(1, mesh.max_steps, Y0S)["gradient"]
+    budget = RUNTIME_BYTES + 4 * per
     want = _loss(gs.replay, mesh, gs.SaveAt(t1=True))(PARAMS)
-    got = _loss(gs.replay_ensemble, mesh, gs.SaveAt(t1=True), memory_budget=4 * per)
+    got = _loss(gs.replay_ensemble, mesh, gs.SaveAt(t1=True), memory_budget=budget)
     _assert_identical(got(PARAMS), want)
     with pytest.raises(ValueError, match="One trajectory's gradient needs about"):
         gs.replay_ensemble(
@@ -102,7 +105,8 @@ def test_budget_sets_the_chunks(mesh):
         PARAMS,
         args_axes=0,
         stepsize_controller=CTRL,
-        memory_budget=3 * per_record,
+        # Half the budget records, half holds the mesh returned.
+        memory_budget=2 * (RUNTIME_BYTES + 3 * per_record),
     )
     _assert_identical(chunked, mesh)
 
