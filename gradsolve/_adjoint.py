@@ -82,7 +82,12 @@ def adjoint_loop(
     length = SEGMENT_LENGTH
     # The steps hold the state as `_record.py` did (components for a small state):
     # the loop carries and the step's vjp act on that; convert at the boundaries.
-    representation = Representation(diff[0])
+    y0_leaves, args, f = diff
+    representation = Representation(
+        y0_leaves,
+        LeafProblem(f=f, args=args, treedef=treedef),
+        solver.representation,
+    )
     split, merge = representation.split, representation.merge
 
     diff_dynamic, diff_static = eqx.partition(diff, is_float_array)

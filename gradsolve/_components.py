@@ -382,9 +382,97 @@ class ComponentProblem:
         )
 
 
+REPRESENTATIONS = ("auto", "components", "array")
+# "auto" holds a state as components when the vector field evaluated on them takes
+# at most this many operations, or this many times the operations of the field on
+# arrays (whichever is larger): past that the unrolled program costs more to
+# compile, and to run, than the elementwise form saves (see `count_operations`).
+COMPONENT_OPS_FLOOR = 64
+COMPONENT_OPS_RATIO = 4
+
+
+def check_representation_option(representation) -> None:
+    """Raise for a `representation=` value that is not one of `REPRESENTATIONS`."""
+    if not isinstance(representation, str) or representation not in REPRESENTATIONS:
+        raise ValueError(
+            f"representation={representation!r} is not an option: pass "
+            "representation='auto' (components for a small state whose vector field "
+            "stays small when unrolled, else arrays), 'components' or 'array'."
+        )
+
+
+def count_operations(jaxpr) -> int:
+    """The primitive operations of `jaxpr`, those of its sub-jaxprs included."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        subs = [
+            p.jaxpr if isinstance(p, jex_core.ClosedJaxpr) else p
+            for p in eqn.params.values()
+            if isinstance(p, (jex_core.ClosedJaxpr, jex_core.Jaxpr))
+        ]
+        count += sum(count_operations(j) for j in subs) if subs else 1
+    return count
+
+
+def _operation_counts(problem, layout: Layout) -> tuple[int, int]:
+    """The operations of one evaluation of `problem`'s field on components and on
+    arrays (traced, not compiled).
+
+    The arrays of the field and its `args` enter as inputs of the count's trace, so
+    that it is the same whether they are constants or tracers of an enclosing `jit`
+    or `vmap` (a recording and its replay decide alike)."""
+    dynamic, static = eqx.partition((problem.f, problem.args), eqx.is_array)
+    structs = jtu.tree_map(lambda x: _struct(jnp.shape(x), jnp.result_type(x)), dynamic)
+    t = _struct((), jnp.result_type(*layout.dtypes))
+    leaves = [_struct(s, d) for s, d in zip(layout.shapes, layout.dtypes)]
+    comps = [_struct((), d) for s, d in zip(layout.shapes, layout.dtypes)
+             for _ in range(int(np.prod(s, dtype=int)))]  # fmt: skip
+
+    def on_components(t, comps, dynamic):
+        f, args = eqx.combine(dynamic, static)
+        return ComponentProblem(f, args, problem.treedef, layout).vf(t, comps)
+
+    def on_arrays(t, leaves, dynamic):
+        f, args = eqx.combine(dynamic, static)
+        return jtu.tree_leaves(f(t, jtu.tree_unflatten(problem.treedef, leaves), args))
+
+    n_comps = count_operations(jax.make_jaxpr(on_components)(t, comps, structs).jaxpr)
+    n_array = count_operations(jax.make_jaxpr(on_arrays)(t, leaves, structs).jaxpr)
+    return n_comps, n_array
+
+
+def choose_layout(leaves, problem=None, representation: str = "auto"):
+    """The component `Layout` for a state of `leaves`, or `None` to hold it as
+    arrays.
+
+    `"array"` never splits; `"components"` splits any floating-point state;
+    `"auto"` splits a floating-point state of at most `MAX_COMPONENTS` elements
+    when the field on components takes at most
+    `max(COMPONENT_OPS_FLOOR, COMPONENT_OPS_RATIO * array operations)` operations
+    (`problem` is needed for that count; without it the size alone decides).
+    """
+    check_representation_option(representation)
+    floating = all(jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in leaves)
+    size = num_components(leaves)
+    if representation == "array" or not floating or size == 0:
+        return None
+    layout = Layout.of(leaves)
+    if representation == "components":
+        return layout
+    if size > MAX_COMPONENTS:
+        return None
+    if problem is None:
+        return layout
+    n_comps, n_array = _operation_counts(problem, layout)
+    if n_comps <= max(COMPONENT_OPS_FLOOR, COMPONENT_OPS_RATIO * n_array):
+        return layout
+    return None
+
+
 class Representation:
     """How the solvers hold a state given as a list of `leaves`: as scalar components
-    when it is small (see `use_components`), else as the leaves themselves.
+    or as the leaves themselves, as `choose_layout` decides for `problem` (the
+    `LeafProblem` to be solved) and the `representation` option.
 
     `split(leaves, batch_dims)` and `merge(comps, batch_dims)` convert (with
     `batch_dims` leading axes); `field(problem)` is the vector field on the
@@ -392,8 +480,8 @@ class Representation:
     problem's `args` once.
     """
 
-    def __init__(self, leaves):
-        self.layout = Layout.of(leaves) if use_components(leaves) else None
+    def __init__(self, leaves, problem=None, representation: str = "auto"):
+        self.layout = choose_layout(leaves, problem, representation)
 
     def split(self, leaves, batch_dims: int = 0) -> list:
         if self.layout is None:

@@ -65,7 +65,9 @@ def error_norm(norm, scaled, sizes, zero):
     if not leaves:
         return zero  # a state with no elements has no error
     if norm is optx.max_norm:
-        maxes = [functools.reduce(jnp.maximum, [jnp.abs(xi) for xi in x]) for x in leaves]
+        maxes = [
+            functools.reduce(jnp.maximum, [jnp.abs(xi) for xi in x]) for x in leaves
+        ]
         return functools.reduce(jnp.maximum, maxes)
     size = sum(sizes)
     if size == 1:

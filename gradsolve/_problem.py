@@ -116,6 +116,13 @@ def check_vector_field(f, t0, y0, args):
             )
 
 
+class TimeValueError(ValueError, RuntimeError):
+    """Times with bad values (unsorted or out-of-range `saveat.ts`, NaN, a zero
+    `dt0`), found before solving. A `ValueError`, and also a `RuntimeError`: Diffrax
+    finds the same problems inside its compiled solve and raises an
+    `EquinoxRuntimeError`, so code that catches either keeps working."""
+
+
 def _check_ts(ts, t0, t1):
     """`saveat.ts` must be monotone in the direction of integration and in range."""
     lo, hi = jnp.minimum(t0, t1), jnp.maximum(t0, t1)
@@ -133,9 +140,9 @@ def _check_ts(ts, t0, t1):
     )
     range_msg = "saveat.ts must lie within [t0, t1]; drop or clip the times outside."
     if bad_order:
-        raise ValueError(order_msg)
+        raise TimeValueError(order_msg)
     if bad_range:
-        raise ValueError(range_msg)
+        raise TimeValueError(range_msg)
     ts = eqx.error_if(ts, unsorted, order_msg)
     return eqx.error_if(ts, outside, range_msg)
 
@@ -144,7 +151,7 @@ def _raise_or_thread(x, bad, msg: str):
     """Raise `msg` at once when `bad` is known, else thread it onto `x` (inside jit)."""
     try:  # concrete values get a Python error, raised at once
         if bool(bad):
-            raise ValueError(msg)
+            raise TimeValueError(msg)
     except jax.errors.ConcretizationTypeError:
         pass
     return eqx.error_if(x, bad, msg)

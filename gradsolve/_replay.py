@@ -11,8 +11,7 @@ import jax.tree_util as jtu
 from diffrax._saveat import save_y as _save_y  # the default SaveAt fn
 
 from ._components import Representation
-from ._controller import NORMS
-from ._controller import scaled_error as component_scaled_error
+from ._controller import NORMS, scaled_error as component_scaled_error
 from ._mesh import RecordedMesh
 from ._mesh_checks import check_batch, check_complete, check_state, error_if_incomplete
 from ._problem import LeafProblem, prepare
@@ -71,7 +70,7 @@ def replay_one(
     keep_states = plan.ts is not None or plan.steps
 
     # A small state is stepped as a list of scalar components (see `_components.py`).
-    representation = Representation(y0)
+    representation = Representation(y0, problem, solver.representation)
     vf = representation.field(problem)
     to_comps, to_leaves = representation.split, representation.merge
 

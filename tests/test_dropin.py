@@ -228,3 +228,15 @@ def test_solution_fields_without_dense_output_or_saved_state():
             sol.evaluate(0.2, 0.8)
         with pytest.raises(ValueError):
             sol.derivative(0.2)
+
+
+@pytest.mark.parametrize("ts", [[0.0], [3.0], [0.8, 0.5]])
+def test_bad_save_times_raise_what_diffrax_raises(ts):
+    # Diffrax reports these from inside its compiled solve, as a RuntimeError;
+    # gradsolve reports them before solving, as an error that is both.
+    for solve in (diffrax.diffeqsolve, gs.diffeqsolve):
+        with pytest.raises(RuntimeError, match="saveat.ts"):
+            solve(
+                diffrax.ODETerm(lambda t, y, args: -y), gs.Tsit5(), 0.5, 2.0, 0.1,
+                1.0, saveat=diffrax.SaveAt(ts=jnp.array(ts)),
+            )  # fmt: skip

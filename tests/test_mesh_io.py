@@ -372,9 +372,7 @@ def _set(*keys, value):
         (_set("payload_bytes", value=1), None),
     ],
 )
-def test_crafted_header_is_a_value_error_naming_the_file(
-    saved, tmp_path, change, raw
-):
+def test_crafted_header_is_a_value_error_naming_the_file(saved, tmp_path, change, raw):
     _, path = saved
     crafted = _crafted(path, tmp_path, change, raw)
     with pytest.raises(ValueError, match=r"crafted\.gsmesh") as info:

@@ -128,7 +128,9 @@ def _fresh_ratios(f, y0s, args, t1, rtol, shared_args_as_constant):
     t0, t1 = jnp.float32(0), jnp.float32(t1)
 
     def record(y0, args):
-        return gs.record(term, gs.Tsit5(), t0, t1, None, y0, args, stepsize_controller=ctrl)
+        return gs.record(
+            term, gs.Tsit5(), t0, t1, None, y0, args, stepsize_controller=ctrl
+        )
 
     if shared_args_as_constant:
         # The recording closes over `args` (a constant to XLA); the replay gets them

@@ -30,7 +30,9 @@ def _van_der_pol(t, y, mu):
 
 
 def _lotka_volterra(t, y, p):
-    return jnp.stack([p[0] * y[0] - p[1] * y[0] * y[1], p[2] * y[0] * y[1] - p[3] * y[1]])
+    return jnp.stack(
+        [p[0] * y[0] - p[1] * y[0] * y[1], p[2] * y[0] * y[1] - p[3] * y[1]]
+    )
 
 
 def _decay(t, y, args):

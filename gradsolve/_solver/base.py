@@ -168,11 +168,18 @@ class AbstractGradsolveSolver(eqx.Module):
     - `interpolation_cls`, whose `weights(theta)` give the dense output as a linear
         combination of `y0`, `y1` and the step's dense data (`step_leaves`' third
         output).
+
+    The `representation` option says how the state is held while stepping:
+    `"auto"` (default) holds a small floating-point state as scalar components when
+    its vector field stays small unrolled on them, else as arrays; `"components"`
+    and `"array"` force one or the other (see "How it works"). Values agree between
+    the two to round-off, and a mesh recorded under one replays under the other.
     """
 
     interpolation_cls: eqx.AbstractClassVar[
         Callable[..., diffrax.AbstractLocalInterpolation]
     ]
+    representation: str = eqx.field(default="auto", static=True, kw_only=True)
 
     @property
     @abc.abstractmethod

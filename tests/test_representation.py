@@ -1,0 +1,115 @@
+"""How a state is held while stepping (`representation=` of the solvers): the
+automatic choice, and both forced forms agreeing with Diffrax and with each other.
+
+A Lorenz field is a few scalar operations per state element: held as components.
+A small MLP field is matrix products: unrolled into scalars it would be hundreds of
+operations per evaluation, so it is held as arrays."""
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import pytest
+
+import gradsolve as gs
+from gradsolve._components import choose_layout
+from gradsolve._problem import LeafProblem
+
+from .helpers import PROBLEMS, max_relative_error
+
+
+LORENZ = PROBLEMS["lorenz"]
+MLP = eqx.nn.MLP(2, 2, 8, 1, activation=jnp.tanh, key=jax.random.key(0))
+CTRL = gs.PIDController(rtol=1e-8, atol=1e-8)
+
+
+def mlp_field(t, y, model):
+    return model(y)
+
+
+def _layout(f, y0, args, representation="auto"):
+    leaves, treedef = jtu.tree_flatten(y0)
+    problem = LeafProblem(f=f, args=args, treedef=treedef)
+    return choose_layout(leaves, problem, representation)
+
+
+def test_auto_holds_a_small_scalar_field_as_components():
+    assert _layout(LORENZ.f, LORENZ.y0, LORENZ.args) is not None
+
+
+def test_auto_holds_a_matrix_product_field_as_arrays():
+    assert _layout(mlp_field, jnp.array([0.5, -0.2]), MLP) is None
+
+
+def test_auto_decides_alike_under_jit_and_vmap():
+    # The recording and its replay run in different contexts: the choice must not
+    # depend on whether args are constants or tracers.
+    eager = _layout(LORENZ.f, LORENZ.y0, LORENZ.args) is not None
+
+    @jax.jit
+    def traced(args):
+        return jnp.asarray(_layout(LORENZ.f, LORENZ.y0, args) is not None)
+
+    batched = jax.vmap(traced)(jnp.stack([LORENZ.args] * 2))
+    assert eager and bool(traced(LORENZ.args)) and bool(batched.all())
+
+
+def test_forced_representations_override_auto():
+    assert _layout(mlp_field, jnp.array([0.5, -0.2]), MLP, "components") is not None
+    assert _layout(LORENZ.f, LORENZ.y0, LORENZ.args, "array") is None
+
+
+def test_bad_representation_is_a_clear_error():
+    with pytest.raises(ValueError, match="representation='auto'"):
+        _layout(LORENZ.f, LORENZ.y0, LORENZ.args, "matrix")
+
+
+def _diffrax_grad(f, y0, args, t1):
+    saveat = diffrax.SaveAt(ts=jnp.linspace(0.1, t1, 4))
+
+    def loss(args):
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(f), diffrax.Tsit5(), 0.0, t1, None, y0, args,
+            stepsize_controller=CTRL, saveat=saveat,
+        )  # fmt: skip
+        return jnp.sum(sol.ys**2), sol.ys
+
+    return eqx.filter_jit(eqx.filter_grad(loss, has_aux=True))(args)
+
+
+CASES = {
+    "lorenz": (LORENZ.f, LORENZ.y0, LORENZ.args, 0.5),
+    "mlp": (mlp_field, jnp.array([0.5, -0.2]), MLP, 2.0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("representation", ["components", "array"])
+def test_forced_representation_matches_diffrax(case, representation):
+    f, y0, args, t1 = CASES[case]
+    solver = gs.Tsit5(representation=representation)
+    saveat = gs.SaveAt(ts=jnp.linspace(0.1, t1, 4))
+    grad_ref, ys_ref = _diffrax_grad(f, y0, args, t1)
+
+    def loss(args):
+        sol = gs.diffeqsolve(
+            gs.ODETerm(f), solver, 0.0, t1, None, y0, args, stepsize_controller=CTRL,
+            saveat=saveat,
+        )  # fmt: skip
+        return jnp.sum(sol.ys**2), sol.ys
+
+    grad, ys = eqx.filter_jit(eqx.filter_grad(loss, has_aux=True))(args)
+    assert max_relative_error(ys, ys_ref) < 1e-12
+    assert max_relative_error(grad, grad_ref) < 1e-9
+
+    # A mesh recorded in one form replays in the other: same values, and fresh.
+    other = "array" if representation == "components" else "components"
+    mesh = gs.record(
+        gs.ODETerm(f), solver, 0.0, t1, None, y0, args, stepsize_controller=CTRL
+    )
+    sol = gs.replay(
+        mesh, gs.ODETerm(f), gs.Tsit5(representation=other), y0, args, saveat=saveat
+    )
+    assert max_relative_error(sol.ys, ys_ref) < 1e-12
+    assert sol.stats["max_error_ratio"] <= 1.0
