@@ -220,6 +220,7 @@ def diffeqsolve(
     solver_state=None,
     controller_state=None,
     made_jump=None,
+    discrete_terminating_event=None,
     kernel: str = "auto",
 ):
     """Solve an ODE; a drop-in replacement for `diffrax.diffeqsolve`.
@@ -267,6 +268,8 @@ def diffeqsolve(
         controller_state,
         made_jump,
     )
+    if discrete_terminating_event is not None:
+        reason = "a discrete_terminating_event (Diffrax warns it is deprecated)"
     if reason is None and differentiated((t0, t1, dt0, saveat.subs.ts)):
         # The replay holds step times fixed; Diffrax differentiates through them.
         reason = "a derivative with respect to t0, t1, dt0 or saveat.ts"
@@ -295,6 +298,7 @@ def diffeqsolve(
             solver_state=solver_state,
             controller_state=controller_state,
             made_jump=made_jump,
+            discrete_terminating_event=discrete_terminating_event,
         )
     _check_max_steps(max_steps)
     check_concrete_inputs(t0, t1, dt0, y0, args, saveat)

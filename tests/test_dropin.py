@@ -240,3 +240,24 @@ def test_bad_save_times_raise_what_diffrax_raises(ts):
                 diffrax.ODETerm(lambda t, y, args: -y), gs.Tsit5(), 0.5, 2.0, 0.1,
                 1.0, saveat=diffrax.SaveAt(ts=jnp.array(ts)),
             )  # fmt: skip
+
+
+def test_signature_is_diffraxs_plus_kernel():
+    import inspect
+
+    ours = inspect.signature(gs.diffeqsolve).parameters
+    theirs = inspect.signature(diffrax.diffeqsolve).parameters
+    assert set(ours) - set(theirs) == {"kernel"}
+    for name, p in theirs.items():
+        assert ours[name].kind == p.kind, name
+        assert repr(ours[name].default) == repr(p.default), name
+
+
+def test_deprecated_discrete_terminating_event_falls_back_with_the_warning():
+    event = diffrax.DiscreteTerminatingEvent(lambda state, **kw: state.tprev > 2)
+    args = (diffrax.ODETerm(lambda t, y, a: y), gs.Tsit5(), 0.0, jnp.inf, 1.0, 1.0)
+    with pytest.warns(match="discrete_terminating_event"):
+        ours = gs.diffeqsolve(*args, discrete_terminating_event=event)
+    with pytest.warns(match="discrete_terminating_event"):
+        theirs = diffrax.diffeqsolve(*args, discrete_terminating_event=event)
+    _close(ours.ys, theirs.ys)
