@@ -37,7 +37,7 @@ class RecordOutput(eqx.Module):
 # The adjoint keeps one state per this many accepted steps: memory (and the time to
 # allocate it, which dominates at `max_steps=4096`) falls 16-fold, for one extra
 # forward evaluation of each step on the backward pass.
-CHECKPOINT_EVERY = 16
+CHECKPOINT_EVERY = 8
 
 
 def _clip_floor(t1):

@@ -132,6 +132,17 @@ def test_complex_state_warns_as_diffrax():
     _close(ours.ys, theirs.ys)
 
 
+def test_complex_state_saved_at_ts_backwards_under_strict_promotion():
+    # Diffrax runs gs.Tsit5 here (the complex state falls back): its dense output
+    # multiplies real weights by complex stages.
+    y0 = jnp.array([1.0 + 0.5j, 0.2j])
+    saveat = diffrax.SaveAt(ts=jnp.array([0.7, 0.3]))
+    with jax.numpy_dtype_promotion("strict"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours, theirs = _both(1.0, 0.0, -0.1, y0, stepsize_controller=PID, saveat=saveat)
+    _close(ours.ys, theirs.ys)
+
+
 def _forced_sum(switch, module):
     """y' = -y + H(t - switch), integrated with steps clipped to the switch time;
     returns the integral of y. Its derivative in `switch` flows through the step

@@ -10,6 +10,7 @@ import abc
 from collections.abc import Sequence
 
 import diffrax
+import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 from jaxtyping import Array, PyTree, Shaped
@@ -77,7 +78,10 @@ class AbstractWeightedInterpolation(diffrax.AbstractLocalInterpolation):
         k = jtu.tree_leaves(self.k)
         num_stages = k[0].shape[0] if k else 0
         ks = [[leaf[i] for leaf in k] for i in range(num_stages)]
-        weights = self.weights(theta)
-        out = combine(weights, y0, y1, ks)
+        # Real weights times a complex state, or float64 times float32: promoted as
+        # Diffrax's own interpolations promote them, also under strict promotion.
+        with jax.numpy_dtype_promotion("standard"):
+            weights = self.weights(theta)
+            out = combine(weights, y0, y1, ks)
         out = [leaf.astype(ref.dtype) for leaf, ref in zip(out, y0)]
         return jtu.tree_unflatten(treedef, out)
