@@ -87,6 +87,7 @@ def adjoint_loop(
         y0_leaves,
         LeafProblem(f=f, args=args, treedef=treedef),
         solver.representation,
+        mesh.ts[0],
     )
     split, merge = representation.split, representation.merge
 

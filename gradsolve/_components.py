@@ -389,6 +389,16 @@ REPRESENTATIONS = ("auto", "components", "array")
 # compile, and to run, than the elementwise form saves (see `count_operations`).
 COMPONENT_OPS_FLOOR = 64
 COMPONENT_OPS_RATIO = 4
+# ... and when it has no control flow or linear algebra: a field that interpolates
+# data (a `scan` in `searchsorted`) or inverts a matrix is not the straight-line
+# scalar arithmetic that components speed up, and unrolled around such operations
+# its gradient compiled for minutes (a Kalman filter, 6 states).
+STRUCTURED = frozenset(
+    """
+    scan while cond custom_linear_solve lu cholesky triangular_solve eig eigh svd qr
+    householder_product schur
+    """.split()
+)
 
 
 def check_representation_option(representation) -> None:
@@ -414,7 +424,20 @@ def count_operations(jaxpr) -> int:
     return count
 
 
-def _operation_counts(problem, layout: Layout) -> tuple[int, int]:
+def _primitives(jaxpr) -> set[str]:
+    """The names of the primitives of `jaxpr` and of its sub-jaxprs."""
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for p in eqn.params.values():
+            if isinstance(p, jex_core.ClosedJaxpr):
+                names |= _primitives(p.jaxpr)
+            elif isinstance(p, jex_core.Jaxpr):
+                names |= _primitives(p)
+    return names
+
+
+def _operation_counts(problem, layout: Layout, time_dtype) -> tuple[int, int]:
     """The operations of one evaluation of `problem`'s field on components and on
     arrays (traced, not compiled).
 
@@ -423,7 +446,7 @@ def _operation_counts(problem, layout: Layout) -> tuple[int, int]:
     or `vmap` (a recording and its replay decide alike)."""
     dynamic, static = eqx.partition((problem.f, problem.args), eqx.is_array)
     structs = jtu.tree_map(lambda x: _struct(jnp.shape(x), jnp.result_type(x)), dynamic)
-    t = _struct((), jnp.result_type(*layout.dtypes))
+    t = _struct((), time_dtype)
     leaves = [_struct(s, d) for s, d in zip(layout.shapes, layout.dtypes)]
     comps = [_struct((), d) for s, d in zip(layout.shapes, layout.dtypes)
              for _ in range(int(np.prod(s, dtype=int)))]  # fmt: skip
@@ -437,11 +460,13 @@ def _operation_counts(problem, layout: Layout) -> tuple[int, int]:
         return jtu.tree_leaves(f(t, jtu.tree_unflatten(problem.treedef, leaves), args))
 
     n_comps = count_operations(jax.make_jaxpr(on_components)(t, comps, structs).jaxpr)
-    n_array = count_operations(jax.make_jaxpr(on_arrays)(t, leaves, structs).jaxpr)
-    return n_comps, n_array
+    on_arrays = jax.make_jaxpr(on_arrays)(t, leaves, structs).jaxpr
+    if _primitives(on_arrays) & STRUCTURED:
+        return None, count_operations(on_arrays)
+    return n_comps, count_operations(on_arrays)
 
 
-def choose_layout(leaves, problem=None, representation: str = "auto"):
+def choose_layout(leaves, problem=None, representation: str = "auto", t=None):
     """The component `Layout` for a state of `leaves`, or `None` to hold it as
     arrays.
 
@@ -449,7 +474,9 @@ def choose_layout(leaves, problem=None, representation: str = "auto"):
     `"auto"` splits a floating-point state of at most `MAX_COMPONENTS` elements
     when the field on components takes at most
     `max(COMPONENT_OPS_FLOOR, COMPONENT_OPS_RATIO * array operations)` operations
-    (`problem` is needed for that count; without it the size alone decides).
+    and has none of the `STRUCTURED` primitives
+    (`problem` is needed for that count, and `t`, a time, for its dtype; without
+    `problem` the size alone decides).
     """
     check_representation_option(representation)
     floating = all(jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in leaves)
@@ -463,8 +490,11 @@ def choose_layout(leaves, problem=None, representation: str = "auto"):
         return None
     if problem is None:
         return layout
-    n_comps, n_array = _operation_counts(problem, layout)
-    if n_comps <= max(COMPONENT_OPS_FLOOR, COMPONENT_OPS_RATIO * n_array):
+    time_dtype = jnp.result_type(*layout.dtypes) if t is None else jnp.result_type(t)
+    n_comps, n_array = _operation_counts(problem, layout, time_dtype)
+    if n_comps is not None and n_comps <= max(
+        COMPONENT_OPS_FLOOR, COMPONENT_OPS_RATIO * n_array
+    ):
         return layout
     return None
 
@@ -480,8 +510,8 @@ class Representation:
     problem's `args` once.
     """
 
-    def __init__(self, leaves, problem=None, representation: str = "auto"):
-        self.layout = choose_layout(leaves, problem, representation)
+    def __init__(self, leaves, problem=None, representation: str = "auto", t=None):
+        self.layout = choose_layout(leaves, problem, representation, t)
 
     def split(self, leaves, batch_dims: int = 0) -> list:
         if self.layout is None:

@@ -203,6 +203,12 @@ def make_problem(
             " For a single trajectory use y0[None]."
         )
     (batch,) = sizes
+    if batch == 0:
+        raise ValueError(
+            "y0s holds no trajectories (its leading axis has size 0): a fit needs at "
+            "least one experiment."
+        )
+    _check_finite_params(params0)
     y0s = jtu.tree_map(lambda x: jnp.asarray(x, jnp.result_type(x, dtype)), y0s)
     if observe is None:
         observe = _identity
@@ -248,7 +254,8 @@ def make_problem(
     try:
         out = jax.eval_shape(observe, one_state, one_theta)
     except Exception as e:
-        raise type(e)(f"Evaluating observe(y, params) failed: {e}") from e
+        e.add_note("(raised by observe(y, params), traced by gs.fit)")
+        raise
     if not isinstance(out, jax.ShapeDtypeStruct):
         raise ValueError(
             "observe(y, params) must return one array of observables; got "
@@ -290,6 +297,21 @@ def _place(problem: FitProblem, params0, batch: int, sharding):
     return problem, params0
 
 
+def _check_finite_params(params0):
+    """NaN or infinite initial parameters are an error (a solve from them cannot
+    tell the optimiser anything)."""
+    for path, x in jtu.tree_leaves_with_path(eqx.filter(params0, eqx.is_array_like)):
+        try:
+            finite = bool(np.all(np.isfinite(np.asarray(x))))
+        except (TypeError, jax.errors.ConcretizationTypeError):
+            continue  # traced: checked by the solves
+        if not finite:
+            raise ValueError(
+                f"params0{jtu.keystr(path)} holds NaN or inf: start the fit from "
+                "finite parameters."
+            )
+
+
 def _weights(weights, data):
     """`sqrt(weights)` and the data with masked entries (weight 0) set to 0.
 
@@ -315,6 +337,11 @@ def _weights(weights, data):
         ) from None
     if not np.all(np.isfinite(weights)) or np.any(weights < 0):
         raise ValueError("weights must be finite and non-negative.")
+    if not np.any(weights > 0):
+        raise ValueError(
+            "weights are all zero: no observation is left to fit. Give the "
+            "observations to fit a positive weight."
+        )
     unmasked = missing & (weights != 0)
     if unmasked.any():
         raise ValueError(

@@ -95,7 +95,10 @@ def check_vector_field(f, t0, y0, args):
     try:
         out = eqx.filter_eval_shape(f, t0, y0, args)  # args may hold non-arrays
     except Exception as e:
-        raise type(e)(f"Evaluating the vector field f(t0, y0, args) failed: {e}") from e
+        # The error itself, with a note (not rebuilt from its message: not every
+        # exception type can be, e.g. JAX's tracer conversion errors).
+        e.add_note("(raised by the vector field f(t0, y0, args), traced by gradsolve)")
+        raise
     y_struct = jax.eval_shape(lambda: y0)
     if jtu.tree_structure(out) != jtu.tree_structure(y_struct):
         raise ValueError(
@@ -104,6 +107,7 @@ def check_vector_field(f, t0, y0, args):
             f"{jtu.tree_structure(out)}."
         )
     for a, b in zip(jtu.tree_leaves(out), jtu.tree_leaves(y_struct)):
+        a = jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a))  # or a number
         if a.shape != b.shape:
             raise ValueError(
                 f"The vector field returned an array of shape {a.shape} where y0 has "
@@ -200,6 +204,12 @@ def check_concrete_inputs(t0, t1, dt0, y0, args, saveat: diffrax.SaveAt):
     """Raise at once, outside `jit`, for bad inputs whose values are known."""
     check_finite(y0, "y0")
     check_finite(args, "args")
+    if saveat.subs.ts is not None and jnp.ndim(saveat.subs.ts) != 1:
+        raise ValueError(
+            f"saveat.ts has shape {jnp.shape(saveat.subs.ts)}: pass a 1-D array of "
+            "times (e.g. jnp.linspace(t0, t1, 10)); for an ensemble, jax.vmap the "
+            "solve."
+        )
     dtype = time_dtype(t0, t1, dt0, saveat.subs.ts)
     as_time = lambda x: None if x is None else jnp.asarray(x, dtype=dtype)
     t0, t1 = as_time(t0), as_time(t1)

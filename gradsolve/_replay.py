@@ -70,7 +70,7 @@ def replay_one(
     keep_states = plan.ts is not None or plan.steps
 
     # A small state is stepped as a list of scalar components (see `_components.py`).
-    representation = Representation(y0, problem, solver.representation)
+    representation = Representation(y0, problem, solver.representation, t_first)
     vf = representation.field(problem)
     to_comps, to_leaves = representation.split, representation.merge
 
@@ -245,6 +245,12 @@ def replay(
     `roundoff_margin`): a mesh replayed with the inputs it was recorded at reads
     `<= 1`.
     """
+    if not isinstance(mesh, RecordedMesh):
+        hint = " (a solution: pass its .mesh)" if isinstance(mesh, Solution) else ""
+        raise TypeError(
+            f"gs.replay's first argument must be a gs.RecordedMesh{hint}, from "
+            f"gs.record, gs.record_ensemble or gs.load_mesh; got {type(mesh).__name__}."
+        )
     if not isinstance(solver, AbstractGradsolveSolver):
         raise TypeError(
             "gs.replay needs a gradsolve solver (gs.Tsit5(), gs.Dopri5(), "

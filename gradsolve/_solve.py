@@ -2,6 +2,7 @@
 
 import contextlib
 import functools
+import math
 import numbers
 
 import diffrax
@@ -70,7 +71,8 @@ def _explained_forward_mode():
         ) from e
 
 
-def _check_max_steps(max_steps):
+def _check_max_steps(max_steps) -> int:
+    """`max_steps` as a Python `int` (a NumPy integer is accepted), or an error."""
     if (
         isinstance(max_steps, bool)
         or not isinstance(max_steps, numbers.Integral)
@@ -79,6 +81,33 @@ def _check_max_steps(max_steps):
         raise ValueError(
             f"max_steps={max_steps!r}: it must be a positive integer, the most steps "
             "the solve may take (e.g. the default 4096)."
+        )
+    return int(max_steps)
+
+
+def _check_solver(solver) -> None:
+    if not isinstance(solver, diffrax.AbstractSolver):
+        hint = " (a class: call it)" if isinstance(solver, type) else ""
+        raise TypeError(
+            f"solver={solver!r}{hint} is not a solver: pass an instance such as "
+            "gs.Tsit5(), gs.Dopri5(), gs.Rodas5() or any Diffrax solver."
+        )
+
+
+def _check_tolerances(controller) -> None:
+    """A `PIDController`'s `rtol`/`atol` must be finite, non-negative and not both
+    zero (else no step is ever accepted, and the solve ends at `max_steps`)."""
+    inner = getattr(controller, "controller", controller)  # ClipStepSizeController
+    if not isinstance(inner, diffrax.PIDController):
+        return
+    try:
+        rtol, atol = float(inner.rtol), float(inner.atol)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        return  # traced tolerances: not checked
+    if not all(math.isfinite(x) and x >= 0 for x in (rtol, atol)) or rtol == atol == 0:
+        raise ValueError(
+            f"PIDController(rtol={rtol!r}, atol={atol!r}): tolerances must be finite, "
+            "non-negative and not both zero (e.g. rtol=1e-6, atol=1e-8)."
         )
 
 
@@ -254,6 +283,7 @@ def diffeqsolve(
     A [`gradsolve.Solution`][] (`ts`, `ys`, `stats`, `result`, `mesh`) on the fast
     path, else a `diffrax.Solution`.
     """
+    _check_solver(solver)
     reason = fallback_reason(
         terms,
         solver,
@@ -300,7 +330,8 @@ def diffeqsolve(
             made_jump=made_jump,
             discrete_terminating_event=discrete_terminating_event,
         )
-    _check_max_steps(max_steps)
+    max_steps = _check_max_steps(max_steps)
+    _check_tolerances(stepsize_controller)
     check_concrete_inputs(t0, t1, dt0, y0, args, saveat)
     # Called eagerly, a failure is explained on the host (with its time and cause).
     eager = throw and is_concrete(terms, t0, t1, dt0, y0, args, saveat)
@@ -457,6 +488,7 @@ def record(
     A [`gradsolve.RecordedMesh`][] whose steps are those `diffrax.diffeqsolve` takes
     with the corresponding Diffrax solver, to round-off.
     """
+    _check_solver(solver)
     reason = fallback_reason(
         terms,
         solver,
@@ -480,7 +512,8 @@ def record(
         )
     if differentiated((t0, t1, dt0, saveat.subs.ts, stepsize_controller)):
         _no_time_derivative_error()
-    _check_max_steps(max_steps)
+    max_steps = _check_max_steps(max_steps)
+    _check_tolerances(stepsize_controller)
     check_concrete_inputs(t0, t1, dt0, y0, args, saveat)
     eager = throw and is_concrete(terms, t0, t1, dt0, y0, args, saveat)
     with explained_explicit_mesh("gs.record"):

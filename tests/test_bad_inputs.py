@@ -198,3 +198,81 @@ def test_dtmin_reached_names_the_time():
         r"step size fell below dtmin at t=0\.99\d* .*Lower dtmin",
         stepsize_controller=ctrl,
     )
+
+
+def _record(**kwargs):
+    kw = dict(y0=LV.y0, args=LV.args, stepsize_controller=CTRL)
+    kw.update(kwargs)
+    return gs.record(TERM, gs.Tsit5(), 0.0, 1.0, None, **kw)
+
+
+def test_two_dimensional_save_times_are_refused():
+    ts = jnp.array([[0.2], [0.5]])
+    with pytest.raises(ValueError, match=r"saveat.ts has shape \(2, 1\)"):
+        _record(saveat=gs.SaveAt(ts=ts))
+    with pytest.raises(ValueError, match=r"saveat.ts has shape \(2, 1\)"):
+        gs.diffeqsolve(TERM, gs.Tsit5(), 0.0, 1.0, None, LV.y0, LV.args,
+                       saveat=gs.SaveAt(ts=ts), stepsize_controller=CTRL)  # fmt: skip
+
+
+@pytest.mark.parametrize("solver", [None, gs.Tsit5, "tsit5"])
+def test_something_not_a_solver_is_a_type_error(solver):
+    with pytest.raises(TypeError, match="is not a solver: pass an instance"):
+        gs.diffeqsolve(TERM, solver, 0.0, 1.0, 0.1, LV.y0, LV.args)
+    with pytest.raises(TypeError, match="is not a solver: pass an instance"):
+        gs.record(TERM, solver, 0.0, 1.0, 0.1, LV.y0, LV.args)
+
+
+def test_replay_of_something_not_a_mesh_is_a_type_error():
+    sol = gs.diffeqsolve(TERM, gs.Tsit5(), 0.0, 1.0, None, LV.y0, LV.args,
+                         stepsize_controller=CTRL)  # fmt: skip
+    with pytest.raises(TypeError, match=r"gs.RecordedMesh \(a solution: pass its"):
+        gs.replay(sol, TERM, gs.Tsit5(), LV.y0, LV.args)
+    with pytest.raises(TypeError, match="got NoneType"):
+        gs.replay(None, TERM, gs.Tsit5(), LV.y0, LV.args)
+
+
+@pytest.mark.parametrize(
+    "rtol, atol", [(-1e-6, 1e-6), (1e-6, -1e-6), (0.0, 0.0), (np.nan, 1e-6)]
+)
+def test_invalid_tolerances_are_named(rtol, atol):
+    ctrl = gs.PIDController(rtol=rtol, atol=atol)
+    with pytest.raises(ValueError, match="tolerances must be finite, non-negative"):
+        _record(stepsize_controller=ctrl)
+    with pytest.raises(ValueError, match="tolerances must be finite, non-negative"):
+        gs.diffeqsolve(TERM, gs.Tsit5(), 0.0, 1.0, None, LV.y0, LV.args,
+                       stepsize_controller=ctrl)  # fmt: skip
+
+
+def test_numpy_integer_max_steps_and_float32_times_as_diffrax():
+    # (Diffrax itself needs a Python int: it compares max_steps under jit.)
+    t0, t1 = jnp.float32(0.0), jnp.float32(2.0)
+    ours = gs.diffeqsolve(
+        TERM,
+        gs.Tsit5(),
+        t0,
+        t1,
+        None,
+        LV.y0,
+        LV.args,
+        stepsize_controller=CTRL,
+        max_steps=np.int64(256),
+    )
+    theirs = diffrax.diffeqsolve(TERM, diffrax.Tsit5(), t0, t1, None, LV.y0, LV.args,
+                                 stepsize_controller=CTRL, max_steps=256)  # fmt: skip
+    _assert_same(ours, theirs)
+
+
+def test_errors_of_the_vector_field_keep_their_type():
+    def branching(t, y, args):
+        return -y if y[0] > 0 else y  # Python control flow on a traced value
+
+    with pytest.raises(jax.errors.TracerBoolConversionError) as caught:
+        gs.diffeqsolve(diffrax.ODETerm(branching), gs.Tsit5(), 0.0, 1.0, 0.1, LV.y0)
+    assert any("raised by the vector field" in n for n in caught.value.__notes__)
+
+
+def test_vector_field_returning_a_python_number():
+    term = diffrax.ODETerm(lambda t, y, args: -0.5)
+    ours, theirs = _both(term=term, y0=jnp.array(1.0), args=None)
+    _assert_same(ours, theirs)

@@ -212,19 +212,24 @@ def test_nan_data_masked_by_zero_weights(lv_data, lv_fwd):
         (dict(weights=-1.0), "non-negative"),
         (dict(jac="rev"), 'jac must be "fwd" or "bwd"'),
         (dict(max_rounds=1), "max_rounds must be at least 2"),
+        (dict(y0s=lambda y: y[:0], data=lambda d: d[:0]), "no trajectories"),
+        (dict(weights=0.0), "weights are all zero"),
+        (dict(params0=lambda p: p.at[1].set(jnp.nan)), r"params0 holds NaN or inf"),
+        (dict(params0=lambda p: p.at[0].set(jnp.inf)), r"params0 holds NaN or inf"),
     ],
 )
 def test_bad_input_gets_a_clear_error(lv_data, change, match):
     y0s, ts, data = lv_data
-    kwargs = dict(y0s=y0s, ts=ts, data=data)
-    for key in ("y0s", "ts", "data"):
+    kwargs = dict(y0s=y0s, ts=ts, data=data, params0=lv.GUESS)
+    change = dict(change)
+    for key in ("y0s", "ts", "data", "params0"):
         if key in change:
             kwargs[key] = change.pop(key)(kwargs[key])
     with pytest.raises(ValueError, match=match):
         gs.fit(
             gs.ODETerm(lv.lotka_volterra),
             gs.Tsit5(),
-            lv.GUESS,
+            kwargs["params0"],
             kwargs["y0s"],
             kwargs["ts"],
             kwargs["data"],

@@ -42,6 +42,16 @@ def test_auto_holds_a_matrix_product_field_as_arrays():
     assert _layout(mlp_field, jnp.array([0.5, -0.2]), MLP) is None
 
 
+def test_auto_holds_a_field_with_control_flow_as_arrays():
+    # Interpolated forcing (searchsorted is a scan): not straight-line arithmetic.
+    grid = jnp.linspace(0.0, 1.0, 50)
+
+    def forced(t, y, args):
+        return -y + jnp.interp(t, grid, jnp.sin(grid))
+
+    assert _layout(forced, jnp.array([1.0, 0.5]), None) is None
+
+
 def test_auto_decides_alike_under_jit_and_vmap():
     # The recording and its replay run in different contexts: the choice must not
     # depend on whether args are constants or tracers.

@@ -190,7 +190,7 @@ class AbstractRosenbrock(diffrax.AbstractAdaptiveSolver, AbstractGradsolveSolver
         del solver_state, made_jump
         leaves, treedef = jtu.tree_flatten(y0)
         problem = LeafProblem(f=terms.vf, args=args, treedef=treedef)
-        representation = Representation(leaves, problem, self.representation)
+        representation = Representation(leaves, problem, self.representation, t0)
         y1, y_error, dense = rosenbrock_step(
             self.tableau,
             representation.field(problem),
