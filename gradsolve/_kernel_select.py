@@ -61,16 +61,17 @@ def kernel_unsupported(solver, controller, plan, layout, dynamic) -> str | None:
         )
     if plan.steps:
         return "SaveAt(steps=True) (the kernel saves at t0, t1 and ts)"
-    if layout is None:
-        return (
-            f"the state is not a floating-point state of at most {MAX_COMPONENTS} "
-            "elements"
-        )
     size = sum(int(np.prod(np.shape(x), dtype=int)) for x in jtu.tree_leaves(dynamic))
     if size > MAX_ARG_ELEMENTS:
         return (
             f"args (with the arrays the vector field closes over) hold {size} "
             f"elements, more than the kernel's {MAX_ARG_ELEMENTS}"
+        )
+    if layout is None:
+        return (
+            "the state is not held as scalar components (a floating-point state of "
+            f"at most {MAX_COMPONENTS} elements whose vector field is straight-line "
+            "scalar arithmetic; see the solver's representation= option)"
         )
     controller_arrays = jtu.tree_leaves(eqx.filter(controller, eqx.is_array))
     if any(np.ndim(x) != 0 for x in controller_arrays):
