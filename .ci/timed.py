@@ -13,5 +13,6 @@ start = time.perf_counter()
 code = subprocess.call(sys.argv[1:])
 seconds = time.perf_counter() - start
 peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-print(f"[{' '.join(sys.argv[1:])}] {seconds:.0f} s wall, peak memory {peak_mib:.0f} MiB")
+command = " ".join(sys.argv[1:])
+print(f"[{command}] {seconds:.0f} s wall, peak memory {peak_mib:.0f} MiB")
 sys.exit(code)
