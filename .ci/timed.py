@@ -1,6 +1,6 @@
 """Run a command; print its wall time and its peak resident memory (largest child).
 
-    python .ci/timed.py python -m pytest
+python .ci/timed.py python -m pytest
 """
 
 import resource
