@@ -251,13 +251,6 @@ def num_components(leaves) -> int:
     return sum(int(np.prod(jnp.shape(x), dtype=int)) for x in leaves)
 
 
-def use_components(leaves) -> bool:
-    """Whether a state with these leaves is held as components."""
-    return 0 < num_components(leaves) <= MAX_COMPONENTS and all(
-        jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in leaves
-    )
-
-
 class Layout(eqx.Module):
     """How a list of state leaves maps to a flat list of components."""
 
@@ -411,35 +404,34 @@ def check_representation_option(representation) -> None:
         )
 
 
-def count_operations(jaxpr) -> int:
-    """The primitive operations of `jaxpr`, those of its sub-jaxprs included."""
-    count = 0
+def _equations(jaxpr):
+    """Every equation of `jaxpr` and of its sub-jaxprs, each with its sub-jaxprs."""
     for eqn in jaxpr.eqns:
         subs = [
             p.jaxpr if isinstance(p, jex_core.ClosedJaxpr) else p
             for p in eqn.params.values()
             if isinstance(p, (jex_core.ClosedJaxpr, jex_core.Jaxpr))
         ]
-        count += sum(count_operations(j) for j in subs) if subs else 1
-    return count
+        yield eqn, subs
+        for sub in subs:
+            yield from _equations(sub)
+
+
+def count_operations(jaxpr) -> int:
+    """The primitive operations of `jaxpr`, those of its sub-jaxprs included (an
+    equation that only holds sub-jaxprs counts as theirs)."""
+    return sum(1 for _, subs in _equations(jaxpr) if not subs)
 
 
 def _primitives(jaxpr) -> set[str]:
     """The names of the primitives of `jaxpr` and of its sub-jaxprs."""
-    names = set()
-    for eqn in jaxpr.eqns:
-        names.add(eqn.primitive.name)
-        for p in eqn.params.values():
-            if isinstance(p, jex_core.ClosedJaxpr):
-                names |= _primitives(p.jaxpr)
-            elif isinstance(p, jex_core.Jaxpr):
-                names |= _primitives(p)
-    return names
+    return {eqn.primitive.name for eqn, _ in _equations(jaxpr)}
 
 
-def _operation_counts(problem, layout: Layout, time_dtype) -> tuple[int, int]:
+def _operation_counts(problem, layout: Layout, time_dtype) -> tuple[int, int] | None:
     """The operations of one evaluation of `problem`'s field on components and on
-    arrays (traced, not compiled).
+    arrays (traced, not compiled); `None` if the field has `STRUCTURED` primitives
+    (then it is not traced on components at all).
 
     The arrays of the field and its `args` enter as inputs of the count's trace, so
     that it is the same whether they are constants or tracers of an enclosing `jit`
@@ -451,19 +443,19 @@ def _operation_counts(problem, layout: Layout, time_dtype) -> tuple[int, int]:
     comps = [_struct((), d) for s, d in zip(layout.shapes, layout.dtypes)
              for _ in range(int(np.prod(s, dtype=int)))]  # fmt: skip
 
-    def on_components(t, comps, dynamic):
-        f, args = eqx.combine(dynamic, static)
-        return ComponentProblem(f, args, problem.treedef, layout).vf(t, comps)
-
     def on_arrays(t, leaves, dynamic):
         f, args = eqx.combine(dynamic, static)
         return jtu.tree_leaves(f(t, jtu.tree_unflatten(problem.treedef, leaves), args))
 
+    def on_components(t, comps, dynamic):
+        f, args = eqx.combine(dynamic, static)
+        return ComponentProblem(f, args, problem.treedef, layout).vf(t, comps)
+
+    array_jaxpr = jax.make_jaxpr(on_arrays)(t, leaves, structs).jaxpr
+    if _primitives(array_jaxpr) & STRUCTURED:
+        return None
     n_comps = count_operations(jax.make_jaxpr(on_components)(t, comps, structs).jaxpr)
-    on_arrays = jax.make_jaxpr(on_arrays)(t, leaves, structs).jaxpr
-    if _primitives(on_arrays) & STRUCTURED:
-        return None, count_operations(on_arrays)
-    return n_comps, count_operations(on_arrays)
+    return n_comps, count_operations(array_jaxpr)
 
 
 def choose_layout(leaves, problem=None, representation: str = "auto", t=None):
@@ -491,10 +483,11 @@ def choose_layout(leaves, problem=None, representation: str = "auto", t=None):
     if problem is None:
         return layout
     time_dtype = jnp.result_type(*layout.dtypes) if t is None else jnp.result_type(t)
-    n_comps, n_array = _operation_counts(problem, layout, time_dtype)
-    if n_comps is not None and n_comps <= max(
-        COMPONENT_OPS_FLOOR, COMPONENT_OPS_RATIO * n_array
-    ):
+    counts = _operation_counts(problem, layout, time_dtype)
+    if counts is None:
+        return None
+    n_comps, n_array = counts
+    if n_comps <= max(COMPONENT_OPS_FLOOR, COMPONENT_OPS_RATIO * n_array):
         return layout
     return None
 
