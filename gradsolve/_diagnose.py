@@ -69,7 +69,27 @@ def _replayed_states(mesh, terms, solver, y0, args):
         return None
 
 
-def _cause(mesh, terms, solver, y0, args, t0, t1, states) -> tuple[str, str]:
+def _controller_cause(controller, h) -> tuple[str, str]:
+    """A `PIDController(factormax < 1)`: no step may grow, so the steps shrink
+    geometrically whatever the error (Diffrax then stalls the same way)."""
+    inner = getattr(controller, "controller", controller)  # ClipStepSizeController
+    try:
+        factormax = float(inner.factormax)
+    except (AttributeError, TypeError, jax.errors.ConcretizationTypeError):
+        return "", ""
+    if factormax >= 1:
+        return "", ""
+    return (
+        f"PIDController(factormax={factormax:g}) lets no step grow: each step is at "
+        f"most {factormax:g} times the one before, so the steps shrank to "
+        f"{h:.3g} without reaching t1.",
+        "Use factormax >= 1 (Diffrax's default is 10).",
+    )
+
+
+def _cause(
+    mesh, terms, solver, y0, args, t0, t1, states, controller=None
+) -> tuple[str, str]:
     """The likely cause of a failed solve and its fix, as two sentences."""
     ts = np.asarray(mesh.ts)
     span = abs(float(t1) - float(t0))
@@ -106,6 +126,9 @@ def _cause(mesh, terms, solver, y0, args, t0, t1, states) -> tuple[str, str]:
             "Check the model, or end the solve before that time.",
         )
     if h is not None and h < 1e-9 * span:
+        cause, fix = _controller_cause(controller, h)
+        if cause:
+            return cause, fix
         return (
             f"The step size shrank to {h:.3g} at t={t_end:.9g}: the vector field is "
             "singular or discontinuous there.",
@@ -154,11 +177,13 @@ def failure_message(
     t1,
     max_steps,
     states=None,
+    controller=None,
 ) -> str | None:
     """A message naming the time and likely cause of a failed solve, or `None` if it
     succeeded. Needs concrete values; `stats` may be `None` (a recording).
     `states()`, if given, returns the states the recording accepted (at `t0` and
-    each step's end); else they are replayed from the mesh."""
+    each step's end); else they are replayed from the mesh. `controller`, if
+    given, is the step size controller, checked for settings that stall a solve."""
     if result == diffrax.RESULTS.successful:
         return None
     n = int(mesh.num_steps)
@@ -170,7 +195,7 @@ def failure_message(
     if stats is not None:
         where += f" and {int(stats['num_rejected_steps'])} rejected ones"
     where += "."
-    cause, fix = _cause(mesh, terms, solver, y0, args, t0, t1, states)
+    cause, fix = _cause(mesh, terms, solver, y0, args, t0, t1, states, controller)
     if result == diffrax.RESULTS.max_steps_reached:
         head = f"max_steps={max_steps} was reached {where}"
         fix = fix or (
@@ -229,7 +254,18 @@ def throw_in_graph(out, result, max_steps, valid, t_reached, t0, t1):
 
 
 def throw_eagerly(
-    out, mesh, stats, t0, t1, terms, solver, y0, args, max_steps, states=None
+    out,
+    mesh,
+    stats,
+    t0,
+    t1,
+    terms,
+    solver,
+    y0,
+    args,
+    max_steps,
+    states=None,
+    controller=None,
 ):
     """Return `out`, or raise a `ValueError` naming the time and cause of a failed
     solve. If the result turned out to be traced (a vector field closing over a
@@ -239,7 +275,18 @@ def throw_eagerly(
         t_reached = mesh.ts[..., -1]
         return throw_in_graph(out, mesh.result, max_steps, True, t_reached, t0, t1)
     message = failure_message(
-        mesh.result, mesh, stats, terms, solver, y0, args, t0, t1, max_steps, states
+        mesh.result,
+        mesh,
+        stats,
+        terms,
+        solver,
+        y0,
+        args,
+        t0,
+        t1,
+        max_steps,
+        states,
+        controller,
     )
     if message is not None:
         raise ValueError(message)

@@ -9,6 +9,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 
 from ._saving import SavePlan
 
@@ -40,7 +41,28 @@ class Prepared(eqx.Module):
     valid: jax.Array
 
 
+def _check_time_type(x, name: str) -> None:
+    """A time must be a number or an array of numbers: a string would otherwise
+    reach JAX as a dtype name (`data type '.0' not understood`)."""
+    if isinstance(x, bool | int | float | np.number | jax.Array | np.ndarray):
+        return
+    try:
+        kind = np.asarray(x).dtype.kind
+    except (TypeError, ValueError):
+        kind = "O"
+    if kind not in "biuf":
+        raise TypeError(
+            f"{name} must be a real number or an array of them; got "
+            f"{type(x).__name__} {x!r:.60}. Convert it with float(...) or "
+            "jnp.asarray(...)."
+        )
+
+
 def time_dtype(t0, t1, dt0, ts):
+    named = (("t0", t0), ("t1", t1), ("dt0", dt0), ("saveat.ts", ts))
+    for name, x in named:
+        if x is not None:
+            _check_time_type(x, name)
     timelikes = [x for x in (t0, t1, dt0, ts) if x is not None]
     with jax.numpy_dtype_promotion("standard"):
         dtype = jnp.result_type(*timelikes)

@@ -109,6 +109,25 @@ def _check_tolerances(controller) -> None:
             f"PIDController(rtol={rtol!r}, atol={atol!r}): tolerances must be finite, "
             "non-negative and not both zero (e.g. rtol=1e-6, atol=1e-8)."
         )
+    _check_step_bounds(inner)
+
+
+def _concrete(x) -> float | None:
+    try:
+        return None if x is None else float(x)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        return None  # traced: not checked
+
+
+def _check_step_bounds(controller: diffrax.PIDController) -> None:
+    """A `dtmax` that leaves no step to take: the solve would otherwise end at
+    `max_steps`, with a message about the vector field."""
+    dtmax = _concrete(controller.dtmax)
+    if dtmax is not None and not dtmax > 0:
+        raise ValueError(
+            f"PIDController(dtmax={dtmax!r}): dtmax must be positive, the largest "
+            "step allowed (or None for no limit)."
+        )
 
 
 @eqx.filter_custom_vjp
@@ -374,6 +393,7 @@ def diffeqsolve(
                 stepsize_controller,
                 max_steps,
             ),
+            controller=stepsize_controller,
         )
         sol = eqx.tree_at(lambda s: s.ys, sol, ys)
     return sol
@@ -545,6 +565,17 @@ def record(
             max_steps,
         )
         mesh = throw_eagerly(
-            mesh, mesh, None, t0, t1, terms, solver, y0, args, max_steps, states
+            mesh,
+            mesh,
+            None,
+            t0,
+            t1,
+            terms,
+            solver,
+            y0,
+            args,
+            max_steps,
+            states,
+            stepsize_controller,
         )
     return mesh

@@ -276,3 +276,33 @@ def test_vector_field_returning_a_python_number():
     term = diffrax.ODETerm(lambda t, y, args: -0.5)
     ours, theirs = _both(term=term, y0=jnp.array(1.0), args=None)
     _assert_same(ours, theirs)
+
+
+@pytest.mark.parametrize("name", ["t0", "t1", "dt0"])
+def test_a_time_given_as_a_string_is_a_type_error(name):
+    times = dict(t0=0.0, t1=1.0, dt0=0.1)
+    times[name] = "1.0"
+    with pytest.raises(TypeError, match=rf"^{name} must be a real number"):
+        gs.diffeqsolve(TERM, gs.Tsit5(), y0=LV.y0, args=LV.args, **times)
+    with pytest.raises(TypeError, match=rf"^{name} must be a real number"):
+        gs.record(TERM, gs.Tsit5(), y0=LV.y0, args=LV.args, **times)
+
+
+def test_dtmax_that_allows_no_step_is_named():
+    ctrl = gs.PIDController(rtol=1e-6, atol=1e-6, dtmax=0.0)
+    with pytest.raises(ValueError, match=r"dtmax=0\.0\): dtmax must be positive"):
+        _record(stepsize_controller=ctrl)
+
+
+def test_factormax_below_one_is_named_when_the_solve_stalls():
+    # Each step is at most half the one before: the steps sum to at most twice the
+    # first (about 1e-3 here), so the solve never reaches t1 = 1.
+    ctrl = diffrax.PIDController(rtol=1e-6, atol=1e-6, factormax=0.5)
+    _fails(
+        lambda t, y, a: -y,
+        1.0,
+        r"max_steps=64 was reached .*factormax=0\.5\) lets no step grow.*"
+        r"Use factormax >= 1",
+        stepsize_controller=ctrl,
+        max_steps=64,
+    )

@@ -15,7 +15,7 @@ import numpy as np
 
 import gradsolve as gs
 
-from .case import Case, describe
+from .case import CLEAR_TYPES, Case, describe
 from .defaults import DEFAULTS, DIFFRAX_SOLVER
 
 
@@ -142,10 +142,16 @@ def solve_cases(
     apis=("diffeqsolve",),
     jit=(False,),
     reference=True,
+    reference_inputs=None,
+    errors=(),
     rtol=1e-9,
     **inputs,
 ) -> list[Case]:
-    """The cases of one input for each API and each of eager/`jit`."""
+    """The cases of one input for each API and each of eager/`jit`.
+
+    `reference_inputs` replace `inputs` for Diffrax where it needs another spelling
+    of the same input; `errors` are exception types that count as a clear error
+    besides the usual ones (e.g. JAX's own error raised by the user's field)."""
     out = []
     for api in apis:
         for j in jit:
@@ -158,8 +164,13 @@ def solve_cases(
                     gs_call(api, inputs, j),
                     expected,
                     keyword,
-                    reference=diffrax_call(api, inputs) if reference else None,
+                    reference=(
+                        diffrax_call(api, {**inputs, **(reference_inputs or {})})
+                        if reference
+                        else None
+                    ),
                     rtol=rtol,
+                    errors=tuple(errors) + CLEAR_TYPES,
                 )
             )
     return out

@@ -257,9 +257,11 @@ def classify(case: Case, got, error, ref, ref_error) -> tuple[str, str]:
         answer_due = ref is not None and valid(ref)
     detail = ""
     if error is not None:
-        if isinstance(error, JAX_INTERNAL) or not isinstance(
-            error, case.errors + CLEAR_TYPES
-        ):
+        # JAX's own errors are crashes, unless the case names them: raised by the
+        # user's code, they are the user's to fix, and JAX's message says how.
+        named = tuple(t for t in case.errors if t not in CLEAR_TYPES)
+        internal = isinstance(error, JAX_INTERNAL) and not isinstance(error, named)
+        if internal or not isinstance(error, case.errors + CLEAR_TYPES):
             outcome = "crash"
         elif answer_due:
             outcome = "refused"

@@ -213,7 +213,8 @@ def main(opts: argparse.Namespace, description: str) -> None:
     print(table(records))
     print("\nNot a clear error or a correct answer:\n")
     print(exceptions_list(records) or "(none)")
-    out = opts.json if opts.json else (RESULTS if opts.family is None else None)
+    everything = opts.family is None and opts.match is None
+    out = opts.json if opts.json else (RESULTS if everything else None)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         summary = collections.Counter(r["outcome"] for r in records)
