@@ -44,9 +44,9 @@ Usage:
 
 ```bash
 python benchmarks/bad_inputs.py                   # every family; writes the JSON
-python benchmarks/bad_inputs.py --family times    # one family (a part: no JSON unless --json)
+python benchmarks/bad_inputs.py --family times    # one family (no JSON unless --json)
 python benchmarks/bad_inputs.py --list            # the cases, without running them
-python benchmarks/bad_inputs.py --match stale --verbose   # some cases, each message
+python benchmarks/bad_inputs.py --match stale --verbose   # some cases (no JSON)
 ```
 
 Prints a markdown table (per family: tried, clear errors, correct answers, unclear
