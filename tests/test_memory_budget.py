@@ -267,12 +267,12 @@ def _sweep(budget: int) -> list[dict]:
     (Rodas5's gradient, slow on CPU, up to 256 MiB)."""
     cases = [
         dict(path="gradient", n=128 * budget),
-        dict(path="replay", n=128 * budget),
+        dict(path="replay", n=384 * budget),
         dict(path="record", n=256 * budget),
         # Beyond the first buffer's 512 steps: recorded again in parts.
         dict(path="record", n=24 * budget, t1=20.0),
         dict(path="record", n=512 * budget, solver="rodas5", problem="chain8"),
-        dict(path="replay", n=128 * budget, solver="rodas5", problem="chain8"),
+        dict(path="replay", n=512 * budget, solver="rodas5", problem="chain8"),
     ]
     if budget <= 256:
         cases.append(
