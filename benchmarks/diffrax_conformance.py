@@ -68,13 +68,14 @@ def run_file(tree, name, mode, workers, extra, ids=None, affected_only=True):
             cmd += ["-n", str(workers)]
         proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
         if not os.path.exists(report):
-            if ids is None:
+            if ids is None or len(ids) > 1:
                 # The process died before writing its report (XLA, after many
                 # compilations in one process): run each test in its own process.
-                return _one_process_each(tree, name, mode, extra, env, affected_only)
-            key = ids[0] if len(ids) == 1 else f"test/{name}::<collection>"
+                return _one_process_each(
+                    tree, name, mode, extra, env, affected_only, ids
+                )
             why = f"failed: the process ended with code {proc.returncode}"
-            return {key: f"{why}: {proc.stdout[-300:]}"}
+            return {ids[0]: f"{why}: {proc.stdout[-300:]}"}
         outcomes = {}
         for case in ET.parse(report).getroot().iter("testcase"):
             module = case.get("classname").replace(".", "/") + ".py"
@@ -90,8 +91,11 @@ def run_file(tree, name, mode, workers, extra, ids=None, affected_only=True):
         return outcomes
 
 
-def _one_process_each(tree, name, mode, extra, env, affected_only):
-    """`run_file`'s outcomes with each test of the file run in a fresh process."""
+def _one_process_each(tree, name, mode, extra, env, affected_only, ids=None):
+    """`run_file`'s outcomes with each test (of `ids`, else of the file) run in a
+    fresh process."""
+    if ids is not None:
+        return _each(tree, name, mode, extra, affected_only, ids)
     listing = subprocess.run(
         [sys.executable, "-m", "pytest", f"test/{name}", "-p", "diffrax_swap"]
         + ["-p", "no:cacheprovider", "--collect-only", "-q"],
@@ -101,6 +105,10 @@ def _one_process_each(tree, name, mode, extra, env, affected_only):
         text=True,
     ).stdout
     ids = [line for line in listing.splitlines() if line.startswith(f"test/{name}::")]
+    return _each(tree, name, mode, extra, affected_only, ids)
+
+
+def _each(tree, name, mode, extra, affected_only, ids):
     print(f"  {name} [{mode}]: one process per test ({len(ids)})", flush=True)
     outcomes = {}
     for i in ids:
