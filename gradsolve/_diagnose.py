@@ -69,15 +69,28 @@ def _replayed_states(mesh, terms, solver, y0, args):
         return None
 
 
+def _concrete_float(x) -> float | None:
+    try:
+        return None if x is None else float(x)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        return None  # traced
+
+
+def pid_settings(controller, *names: str) -> tuple | None:
+    """The fields `names` of a `PIDController` (also one inside a
+    `ClipStepSizeController`) as Python floats, each `None` where the field is
+    `None` or traced; `None` if `controller` is not a PID controller."""
+    inner = getattr(controller, "controller", controller)
+    if not isinstance(inner, diffrax.PIDController):
+        return None
+    return tuple(_concrete_float(getattr(inner, name)) for name in names)
+
+
 def _controller_cause(controller, h) -> tuple[str, str]:
     """A `PIDController(factormax < 1)`: no step may grow, so the steps shrink
     geometrically whatever the error (Diffrax then stalls the same way)."""
-    inner = getattr(controller, "controller", controller)  # ClipStepSizeController
-    try:
-        factormax = float(inner.factormax)
-    except (AttributeError, TypeError, jax.errors.ConcretizationTypeError):
-        return "", ""
-    if factormax >= 1:
+    (factormax,) = pid_settings(controller, "factormax") or (None,)
+    if factormax is None or factormax >= 1:
         return "", ""
     return (
         f"PIDController(factormax={factormax:g}) lets no step grow: each step is at "

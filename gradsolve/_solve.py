@@ -16,7 +16,7 @@ import jax.tree_util as jtu
 from diffrax._integrate import diffeqsolve as _diffrax_diffeqsolve
 
 from ._adjoint import adjoint_loop
-from ._diagnose import is_concrete, throw_eagerly, throw_in_graph
+from ._diagnose import is_concrete, pid_settings, throw_eagerly, throw_in_graph
 from ._fallback import (
     differentiated,
     fallback_reason,
@@ -96,33 +96,20 @@ def _check_solver(solver) -> None:
 
 def _check_tolerances(controller) -> None:
     """A `PIDController`'s `rtol`/`atol` must be finite, non-negative and not both
-    zero (else no step is ever accepted, and the solve ends at `max_steps`)."""
-    inner = getattr(controller, "controller", controller)  # ClipStepSizeController
-    if not isinstance(inner, diffrax.PIDController):
+    zero (else no step is ever accepted, and the solve ends at `max_steps`), and its
+    `dtmax` positive (else no step can be taken: the solve would end at `max_steps`
+    with a message about the vector field)."""
+    settings = pid_settings(controller, "rtol", "atol", "dtmax")
+    if settings is None:
         return
-    try:
-        rtol, atol = float(inner.rtol), float(inner.atol)
-    except (TypeError, jax.errors.ConcretizationTypeError):
+    rtol, atol, dtmax = settings
+    if rtol is None or atol is None:
         return  # traced tolerances: not checked
     if not all(math.isfinite(x) and x >= 0 for x in (rtol, atol)) or rtol == atol == 0:
         raise ValueError(
             f"PIDController(rtol={rtol!r}, atol={atol!r}): tolerances must be finite, "
             "non-negative and not both zero (e.g. rtol=1e-6, atol=1e-8)."
         )
-    _check_step_bounds(inner)
-
-
-def _concrete(x) -> float | None:
-    try:
-        return None if x is None else float(x)
-    except (TypeError, jax.errors.ConcretizationTypeError):
-        return None  # traced: not checked
-
-
-def _check_step_bounds(controller: diffrax.PIDController) -> None:
-    """A `dtmax` that leaves no step to take: the solve would otherwise end at
-    `max_steps`, with a message about the vector field."""
-    dtmax = _concrete(controller.dtmax)
     if dtmax is not None and not dtmax > 0:
         raise ValueError(
             f"PIDController(dtmax={dtmax!r}): dtmax must be positive, the largest "
