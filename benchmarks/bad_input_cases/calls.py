@@ -15,7 +15,7 @@ import numpy as np
 
 import gradsolve as gs
 
-from .case import CLEAR_TYPES, Case, describe
+from .case import Case, describe
 from .defaults import DEFAULTS, DIFFRAX_SOLVER
 
 
@@ -143,15 +143,15 @@ def solve_cases(
     jit=(False,),
     reference=True,
     reference_inputs=None,
-    errors=(),
+    user_errors=(),
     rtol=1e-9,
     **inputs,
 ) -> list[Case]:
     """The cases of one input for each API and each of eager/`jit`.
 
     `reference_inputs` replace `inputs` for Diffrax where it needs another spelling
-    of the same input; `errors` are exception types that count as a clear error
-    besides the usual ones (e.g. JAX's own error raised by the user's field)."""
+    of the same input; `user_errors` are JAX's exception types that count as a clear
+    error here (see `Case`)."""
     out = []
     for api in apis:
         for j in jit:
@@ -170,7 +170,7 @@ def solve_cases(
                         else None
                     ),
                     rtol=rtol,
-                    errors=tuple(errors) + CLEAR_TYPES,
+                    user_errors=tuple(user_errors),
                 )
             )
     return out

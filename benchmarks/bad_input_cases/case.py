@@ -65,6 +65,9 @@ class Case:
     - `check`: for answers without a reference: `check(result)` returns `None` if
         the result is right, else what is wrong.
     - `errors`: the exception types of a clear error for this case.
+    - `user_errors`: JAX's own exception types (crashes otherwise) that count as
+        a clear error here: raised by the user's own code (a Python `if` on a traced
+        value), they are the user's to fix, and JAX's message says how.
     """
 
     family: str
@@ -77,6 +80,7 @@ class Case:
     check: Callable[[Any], str | None] | None = None
     rtol: float = 1e-9
     errors: tuple = CLEAR_TYPES
+    user_errors: tuple = ()
 
 
 def fmt(x) -> str:
@@ -257,10 +261,10 @@ def classify(case: Case, got, error, ref, ref_error) -> tuple[str, str]:
         answer_due = ref is not None and valid(ref)
     detail = ""
     if error is not None:
-        # JAX's own errors are crashes, unless the case names them: raised by the
-        # user's code, they are the user's to fix, and JAX's message says how.
-        named = tuple(t for t in case.errors if t not in CLEAR_TYPES)
-        internal = isinstance(error, JAX_INTERNAL) and not isinstance(error, named)
+        # JAX's own errors are crashes, unless the case names them as the user's.
+        internal = isinstance(error, JAX_INTERNAL) and not isinstance(
+            error, case.user_errors
+        )
         if internal or not isinstance(error, case.errors + CLEAR_TYPES):
             outcome = "crash"
         elif answer_due:

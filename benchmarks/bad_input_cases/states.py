@@ -157,7 +157,7 @@ def states_cases() -> list[Case]:
             "error",
             keyword,
             apis=("diffeqsolve", "record"),
-            errors=jax_errors,
+            user_errors=jax_errors,
             term=diffrax.ODETerm(field),
             max_steps=64,
         )
