@@ -71,9 +71,9 @@ def run_file(tree, name, mode, workers, extra, ids=None, affected_only=True):
             if ids is None or len(ids) > 1:
                 # The process died before writing its report (XLA, after many
                 # compilations in one process): run each test in its own process.
-                return _one_process_each(
-                    tree, name, mode, extra, env, affected_only, ids
-                )
+                if ids is None:
+                    ids = _collected_ids(tree, name, env)
+                return _one_process_each(tree, name, mode, extra, affected_only, ids)
             why = f"failed: the process ended with code {proc.returncode}"
             return {ids[0]: f"{why}: {proc.stdout[-300:]}"}
         outcomes = {}
@@ -91,11 +91,8 @@ def run_file(tree, name, mode, workers, extra, ids=None, affected_only=True):
         return outcomes
 
 
-def _one_process_each(tree, name, mode, extra, env, affected_only, ids=None):
-    """`run_file`'s outcomes with each test (of `ids`, else of the file) run in a
-    fresh process."""
-    if ids is not None:
-        return _each(tree, name, mode, extra, affected_only, ids)
+def _collected_ids(tree, name, env) -> list[str]:
+    """The node ids of the tests of one file, as pytest collects them."""
     listing = subprocess.run(
         [sys.executable, "-m", "pytest", f"test/{name}", "-p", "diffrax_swap"]
         + ["-p", "no:cacheprovider", "--collect-only", "-q"],
@@ -104,11 +101,11 @@ def _one_process_each(tree, name, mode, extra, env, affected_only, ids=None):
         capture_output=True,
         text=True,
     ).stdout
-    ids = [line for line in listing.splitlines() if line.startswith(f"test/{name}::")]
-    return _each(tree, name, mode, extra, affected_only, ids)
+    return [line for line in listing.splitlines() if line.startswith(f"test/{name}::")]
 
 
-def _each(tree, name, mode, extra, affected_only, ids):
+def _one_process_each(tree, name, mode, extra, affected_only, ids):
+    """`run_file`'s outcomes of the tests `ids`, each run in a fresh process."""
     print(f"  {name} [{mode}]: one process per test ({len(ids)})", flush=True)
     outcomes = {}
     for i in ids:
