@@ -3,29 +3,31 @@
 The estimates count the arrays XLA allocates on top of the inputs (temporaries and
 outputs), per trajectory, from the state size, the steps, what is saved and the
 solver: the words below were fitted to `compiled.memory_analysis()` of the compiled
-programs (Tsit5 and Rodas5, states of 3, 12 and 48 elements, 128 and 512 steps,
-`SaveAt(t1=True)` and `SaveAt(ts=...)`), where every one is within a few percent
-above, and checked against the peak resident memory of a child process
-(`tests/test_memory_budget.py`, `python benchmarks/memory.py --calibrate`).
+programs (Tsit5 and Rodas5, states of 3 to 48 elements, 24 to 512 steps,
+`SaveAt(t1=True)` and `SaveAt(ts=...)`; `python benchmarks/memory_calibration.py`
+compares them), and checked against the peak resident memory of a child process
+(`tests/test_memory_budget.py`).
 
 A word is one element of the state's (or the time's, if wider) dtype. With `n`
 state elements, `S` steps, `m` terms of the dense output (7 stages of Tsit5, 3 rows
 of Rodas5's), `k` saved values and `p` per-trajectory arguments, one trajectory
 takes, in words, in a chunk (working arrays) + in the whole batch (results):
 
-- record with a buffer of `S` steps: `2 (S + 1) + 6 n + 3.5 n^2 + 8 + p`, + the
+- record with a buffer of `S` steps: `2 (S + 1) + 6 n + 4 n^2 + 8 + p`, + the
     mesh returned, which `gs.record_ensemble` counts once its steps are known;
-- replay: `4 S + 4 n + 3.5 n^2 + 8 + p`, + `(m + 3) n S` for `SaveAt(ts=...)` or
+- replay: `4 S + 4 n + 4 n^2 + 8 + p`, + `(m + 3) n S` for `SaveAt(ts=...)` or
     `n S` for `SaveAt(steps=True)`; + `2 k (n + 1) + 8`;
-- gradient: `S ((1 + fsal) n + 3) + 30 n + 12 n^2 + 8 + 3 p`, + the same for
+- gradient: `S ((1 + fsal) n + 3) + 30 n + 5 n^2 + n^3 / 4 + 8 + 3 p`, + the same for
     saving; + `2 (n + p)` (the cotangents of `y0` and `args`), + `(k + 1) (n + 1)`
     if `k > 1`.
 
-The `n^2` terms are a Rosenbrock solver's Jacobian and its factorisation (zero for
-explicit solvers); the recording's time buffer and its trimmed copy give its
-`2 (S + 1)`; a replay keeps the step times it scans over and the error ratio of every
-step (`4 S`); reverse mode keeps the state (and for FSAL solvers the field) at every
-step (per-step checkpoints) and recomputes one step's stages at a time (`30 n`).
+The `n^2` and `n^3` terms are a Rosenbrock solver's Jacobian, its inverse and the
+elimination's working matrices (zero for explicit solvers; fitted on states of 8 to
+32 elements, where XLA's figure for a gradient grows faster than `n^2`); the
+recording's time buffer and its trimmed copy give its `2 (S + 1)`; a replay keeps
+the step times it scans over and the error ratio of every step (`4 S`); reverse mode
+keeps the state (and for FSAL solvers the field) at every step (per-step
+checkpoints) and recomputes one step's stages at a time (`30 n`).
 """
 
 import math
@@ -112,7 +114,7 @@ def record_footprint(steps: int, y0, solver=None, args=None) -> Footprint:
     """A recording with a buffer of `steps` steps (and its trimmed copy)."""
     n, p = _elements(y0), 0 if args is None else _elements(args)
     _, _, implicit = _solver_terms(solver)
-    jac = 3.5 * n * n if implicit else 0
+    jac = 4 * n * n if implicit else 0
     chunk = 2 * (steps + 1) + 6 * n + jac + 8 + p
     # The mesh returned is the trimmed copy, counted in the chunk: joining the
     # chunks' meshes is `gs.record_ensemble`'s to count, once their steps are known.
@@ -138,11 +140,11 @@ def replay_footprint(
     m, fsal, implicit = _solver_terms(solver)
     saved = steps * ((m + 3) * n if dense else n if keep_states else 0)
     if gradient:
-        jac = 12 * n * n if implicit else 0
+        jac = (5 * n * n + n**3 / 4) if implicit else 0
         chunk = steps * ((1 + fsal) * n + 3) + saved + 30 * n + jac + 8 + 3 * p
         batch = 2 * (n + p) + ((saves + 1) * (n + 1) if saves > 1 else 0)
     else:
-        jac = 3.5 * n * n if implicit else 0
+        jac = 4 * n * n if implicit else 0
         chunk = 4 * steps + saved + 4 * n + jac + 8 + p
         batch = 2 * saves * (n + 1) + 8
     return Footprint(chunk, batch, _word(y0))

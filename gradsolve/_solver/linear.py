@@ -9,21 +9,27 @@ Two forms of the state reach it (see `_components.py`):
   with partial pivoting written out element by element: every operation is an
   elementwise one over the batch, as in the rest of the step.
 - any other list of leaves: the state is flattened to one vector, the Jacobian formed
-  by `jax.jacfwd` and the matrix factorised by `jax.scipy.linalg.lu_factor`.
+  by `jax.jacfwd` and the matrix inverted by Gauss-Jordan elimination with partial
+  pivoting written with whole-matrix array operations (`DenseSystem`).
+
+Neither form calls LAPACK. jaxlib's batched LAPACK kernels on CPU split a batch over
+XLA's own thread pool and wait for the pieces while holding a worker; when two of them
+run at once on a small machine, every worker waits and the program never finishes
+(the gradient of a Rodas5 replay of 8,192 trajectories of an 8-state system hung on
+2 cores). The eliminations below need no thread of their own.
 
 Both forms are differentiable to any order, in forward and reverse mode.
 """
 
 import jax
 import jax.numpy as jnp
-import jax.scipy.linalg as jsl
 
 from .._custom_types import Leaves
 
 
-# Above this many scalar components the written-out elimination gives way to a stacked
-# LU factorisation: its size, and XLA's compile time, grow as the cube of the
-# dimension (8 components: 3x the compile time for steps 25% faster; 12: the
+# Above this many scalar components the written-out elimination gives way to the
+# array-form one (`DenseSystem`): its size, and XLA's compile time, grow as the cube
+# of the dimension (8 components: 3x the compile time for steps 25% faster; 12: the
 # gradient no longer compiles in 8 GiB), while its speed-up is largest for the
 # smallest systems (3 components: steps 3x faster).
 MAX_UNROLLED = 4
@@ -77,17 +83,68 @@ class ScalarSystem:
 
 
 class DenseSystem:
-    """`I - scale * J` for a state flattened to one vector, LU-factorised."""
+    """`I - scale * J` for a state flattened to one vector, inverted once per step by
+    Gauss-Jordan elimination with partial pivoting; each stage's solve is then one
+    matrix-vector product.
+
+    The elimination is a `lax.fori_loop` over columns whose body acts on the whole
+    matrix, so under `vmap` each step is a few array operations over the batch and
+    the program's size does not grow with the dimension. Solves are differentiated
+    implicitly (`jax.lax.custom_linear_solve`): a derivative reaches the matrix
+    through `A x` only, never through the elimination, so a gradient stores nothing
+    of it and costs one product with the transposed inverse per solve."""
 
     def __init__(self, jac, scale, unravel):
         n = jac.shape[0]
-        matrix = jnp.eye(n, dtype=jac.dtype) - scale * jac
-        self.lu_and_pivots = jsl.lu_factor(matrix)
+        self.matrix = jnp.eye(n, dtype=jac.dtype) - scale * jac
+        self.inverse = _inverse(jax.lax.stop_gradient(self.matrix))
         self.unravel = unravel
 
     def solve(self, rhs: Leaves) -> Leaves:
         flat = jnp.concatenate([jnp.reshape(x, (-1,)) for x in rhs])
-        return self.unravel(jsl.lu_solve(self.lu_and_pivots, flat))
+        x = jax.lax.custom_linear_solve(
+            lambda v: self.matrix @ v,
+            flat,
+            solve=lambda _, b: self.inverse @ b,
+            transpose_solve=lambda _, b: self.inverse.T @ b,
+        )
+        return self.unravel(x)
+
+
+def _inverse(matrix):
+    """The inverse of `matrix`, by Gauss-Jordan elimination in place with partial
+    pivoting.
+
+    Column `k` is eliminated with the largest remaining entry of that column, in
+    row `p[k]`, and rows are never exchanged (the pivot row differs across a batch,
+    so an exchange would be a gather and a scatter per column). Each elimination
+    trades unknown `k` for equation `p[k]`; afterwards the matrix holds the inverse
+    with its rows and columns permuted, `inverse[k, j] = m[p[k], q[j]]` with `q` the
+    inverse permutation of `p`, that is `S m S` for the permutation matrix
+    `S[k, p[k]] = 1`.
+    """
+    n = matrix.shape[0]
+    index = jnp.arange(n)
+
+    def eliminate(k, carry):
+        m, used, s = carry
+        column = m[:, k]
+        pivot = jnp.argmax(jnp.where(used, -1, jnp.abs(column)))
+        is_pivot = index == pivot
+        is_k = index == k
+        row = m[pivot]
+        reciprocal = 1 / row[k]
+        row = jnp.where(is_k, reciprocal, row * reciprocal)
+        multipliers = jnp.where(is_pivot, 0, column)
+        m = m - multipliers[:, None] * jnp.where(is_k, 0, row)[None, :]
+        m = jnp.where(is_k[None, :], -multipliers[:, None] * reciprocal, m)
+        m = jnp.where(is_pivot[:, None], row[None, :], m)
+        s = jnp.where(is_k[:, None], is_pivot[None, :].astype(m.dtype), s)
+        return m, used | is_pivot, s
+
+    carry = (matrix, jnp.zeros(n, bool), jnp.zeros_like(matrix))
+    m, _, s = jax.lax.fori_loop(0, n, eliminate, carry)
+    return s @ m @ s
 
 
 def _is_scalar_list(y: Leaves) -> bool:
