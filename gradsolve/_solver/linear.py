@@ -117,7 +117,8 @@ def _inverse(matrix):
 
     Column `k` is eliminated with the largest remaining entry of that column, in
     row `p[k]`, and rows are never exchanged (the pivot row differs across a batch,
-    so an exchange would be a gather and a scatter per column). Each elimination
+    so an exchange would be two scatters per column; reading the pivot row is one
+    gather). Each elimination
     trades unknown `k` for equation `p[k]`; afterwards the matrix holds the inverse
     with its rows and columns permuted, `inverse[k, j] = m[p[k], q[j]]` with `q` the
     inverse permutation of `p`, that is `S m S` for the permutation matrix
