@@ -2,6 +2,9 @@
 closed forms, never from gradsolve itself."""
 
 import dataclasses
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 
 import jax.numpy as jnp
@@ -111,3 +114,37 @@ def max_relative_error(a, b) -> float:
 
 def tree_sum_squares(tree):
     return sum(jnp.sum(x**2) for x in jtu.tree_leaves(tree))
+
+
+# Reads the program from stdin and runs it as a fresh `__main__` module, compiled
+# under the name (and, after the blank lines prepended, at the line numbers) of the
+# file it was taken from, so that a traceback points into that file.
+_RUN_PASTED = """\
+import sys, types
+filename, skip = sys.argv[1], int(sys.argv[2])
+del sys.argv[1:]
+sys.modules["__main__"] = main = types.ModuleType("__main__")
+exec(compile("\\n" * skip + sys.stdin.read(), filename, "exec"), vars(main))
+"""
+
+
+def run_fresh(
+    source: str,
+    cwd: os.PathLike,
+    *,
+    filename: str = "<string>",
+    first_line: int = 1,
+    timeout: float = 900,
+) -> subprocess.CompletedProcess:
+    """Run `source` alone in a new Python interpreter, as if pasted into one started
+    in `cwd` (nothing of this process's JAX configuration or names leaks in).
+    Tracebacks name `filename`, with `source` starting at line `first_line`. Returns
+    the finished process, its output as text; raises `subprocess.TimeoutExpired`."""
+    return subprocess.run(
+        [sys.executable, "-c", _RUN_PASTED, filename, str(first_line - 1)],
+        input=source,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

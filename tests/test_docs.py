@@ -1,8 +1,10 @@
-"""Every Python block of the documentation runs, and the site builds in strict mode.
+"""Every Python block of the documentation runs on its own, as if pasted into a fresh
+interpreter, and the site builds in strict mode.
 
-The blocks of a page run in order in one fresh namespace, so a later block may use
-the names of an earlier one. A block that cannot run here (e.g. one that needs
-several hosts) is marked by an HTML comment on the line before its fence,
+Each block runs alone in a child process started in the repository root: blocks do
+not share names, so each makes its own imports, configuration and definitions. A
+block that cannot run here (e.g. one that needs several hosts) is marked by an HTML
+comment on the line before its fence,
 
     <!-- not run: needs several hosts -->
 
@@ -23,6 +25,8 @@ import textwrap
 
 import pytest
 
+from .helpers import run_fresh
+
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -31,6 +35,7 @@ PAGES = sorted(DOCS.rglob("*.md"))
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*)$")
 _NOT_RUN = re.compile(r"^\s*<!--\s*not run:\s*(?P<reason>.+?)\s*-->\s*$")
 _SNIPPET = re.compile(r'^\s*-+8<-+\s+"(?P<path>[^"]+)"\s*$')
+_TIMEOUT = 300  # seconds, for a block that takes a few
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +98,8 @@ def _runs(block: Block) -> bool:
     return block.not_run is None and block.included_examples is None
 
 
-def _runnable_pages():
-    return [p for p in PAGES if any(_runs(b) for b in python_blocks(p))]
+def _runnable_blocks():
+    return [b for p in PAGES for b in python_blocks(p) if _runs(b)]
 
 
 def _not_run_blocks():
@@ -103,25 +108,27 @@ def _not_run_blocks():
 
 def test_the_docs_have_python_examples():
     assert PAGES, f"no pages under {DOCS}"
-    assert len(_runnable_pages()) >= 5
+    assert len({b.page for b in _runnable_blocks()}) >= 5
 
 
 @pytest.mark.parametrize(
-    "page", _runnable_pages(), ids=lambda p: str(p.relative_to(DOCS))
+    "block", _runnable_blocks(), ids=lambda b: f"{b.page.relative_to(DOCS)}:{b.line}"
 )
-def test_page_runs(page):
-    namespace = {"__name__": f"docs.{page.stem}"}
-    for block in python_blocks(page):
-        if not _runs(block):
-            continue
-        # Line numbers in tracebacks are those of the page.
-        code = compile("\n" * block.line + block.source, str(page), "exec")
-        try:
-            exec(code, namespace)
-        except Exception as e:
-            raise AssertionError(
-                f"the Python block at {block.name} failed: {type(e).__name__}: {e}"
-            ) from e
+def test_block_runs(block):
+    # Tracebacks name the page, at its own line numbers.
+    try:
+        done = run_fresh(
+            block.source,
+            ROOT,
+            filename=str(block.page),
+            first_line=block.line + 1,
+            timeout=_TIMEOUT,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the Python block at {block.name} ran past {_TIMEOUT} s")
+    assert done.returncode == 0, (
+        f"the Python block at {block.name} failed on its own:\n{done.stderr[-4000:]}"
+    )
 
 
 def test_blocks_marked_not_run():

@@ -8,8 +8,6 @@ names leaks in), with a few lines appended that save the values to check.
 
 import pathlib
 import re
-import subprocess
-import sys
 
 import diffrax
 import jax
@@ -17,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from .helpers import max_relative_error
+from .helpers import max_relative_error, run_fresh
 
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -42,13 +40,7 @@ def _run_fresh(block: str, outputs: dict[str, str], folder: pathlib.Path) -> dic
     of the expressions `outputs` (name -> expression) as NumPy arrays."""
     save = ", ".join(f"{name}=_np.asarray({expr})" for name, expr in outputs.items())
     script = block + f"\nimport numpy as _np\n_np.savez('outputs.npz', {save})\n"
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    done = run_fresh(script, folder)
     assert done.returncode == 0, done.stderr[-4000:]
     with np.load(folder / "outputs.npz") as saved:
         return {name: saved[name] for name in saved.files}
