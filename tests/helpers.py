@@ -135,11 +135,13 @@ def run_fresh(
     filename: str = "<string>",
     first_line: int = 1,
     timeout: float = 900,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
     """Run `source` alone in a new Python interpreter, as if pasted into one started
     in `cwd` (nothing of this process's JAX configuration or names leaks in).
-    Tracebacks name `filename`, with `source` starting at line `first_line`. Returns
-    the finished process, its output as text; raises `subprocess.TimeoutExpired`."""
+    Tracebacks name `filename`, with `source` starting at line `first_line`; `env`
+    adds to (or overrides) this process's environment variables. Returns the
+    finished process, its output as text; raises `subprocess.TimeoutExpired`."""
     return subprocess.run(
         [sys.executable, "-c", _RUN_PASTED, filename, str(first_line - 1)],
         input=source,
@@ -147,4 +149,5 @@ def run_fresh(
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=None if env is None else {**os.environ, **env},
     )

@@ -35,12 +35,15 @@ def _block(marker: str) -> str:
     return found[0]
 
 
-def _run_fresh(block: str, outputs: dict[str, str], folder: pathlib.Path) -> dict:
-    """Run `block` alone in a new Python process (in `folder`) and return the values
-    of the expressions `outputs` (name -> expression) as NumPy arrays."""
+def _run_fresh(
+    block: str, outputs: dict[str, str], folder: pathlib.Path, env=None
+) -> dict:
+    """Run `block` alone in a new Python process (in `folder`, with the environment
+    variables `env` added) and return the values of the expressions `outputs`
+    (name -> expression) as NumPy arrays."""
     save = ", ".join(f"{name}=_np.asarray({expr})" for name, expr in outputs.items())
     script = block + f"\nimport numpy as _np\n_np.savez('outputs.npz', {save})\n"
-    done = run_fresh(script, folder)
+    done = run_fresh(script, folder, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
     with np.load(folder / "outputs.npz") as saved:
         return {name: saved[name] for name in saved.files}
@@ -95,8 +98,17 @@ def test_kernel_example(tmp_path):
 
 
 def test_sharding_example(tmp_path):
-    outputs = dict(grads="grads", y0s="y0s", rates="rates")
-    out = _run_fresh(_block("gs.ensemble_sharding()"), outputs, tmp_path)
+    # On two simulated CPU devices, so that the ensemble is split for real (the long
+    # tests in test_sharding.py go up to eight).
+    outputs = dict(
+        grads="grads",
+        y0s="y0s",
+        rates="rates",
+        devices="len(grads.sharding.device_set)",
+    )
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    out = _run_fresh(_block("gs.ensemble_sharding()"), outputs, tmp_path, env)
+    assert out["devices"] == 2
     _, grads = _decay(out["y0s"], out["rates"])
     np.testing.assert_allclose(out["grads"], grads, rtol=1e-5)
 
