@@ -102,7 +102,9 @@ def test_ragged_ensemble_under_vmap():
     assert max_relative_error(got, want) <= 1e-9
 
 
-@pytest.mark.parametrize("saves", ["t0_ts_t1", "steps_ts"])
+@pytest.mark.parametrize(
+    "saves", ["t0_ts_t1", pytest.param("steps_ts", marks=pytest.mark.slow)]
+)
 def test_a_state_held_as_an_array(saves):
     # 40 elements: too many to split into components, so the reverse pass handles
     # the state (and its saves) as arrays.

@@ -111,9 +111,20 @@ def test_the_docs_have_python_examples():
     assert len({b.page for b in _runnable_blocks()}) >= 5
 
 
-@pytest.mark.parametrize(
-    "block", _runnable_blocks(), ids=lambda b: f"{b.page.relative_to(DOCS)}:{b.line}"
-)
+def _block_params():
+    """The runnable blocks; the guides' (a fresh interpreter and a few compiled
+    solves each, 5-10 s) are long tests, the other pages' run by default."""
+    return [
+        pytest.param(
+            block,
+            id=f"{block.page.relative_to(DOCS)}:{block.line}",
+            marks=pytest.mark.slow if "guides" in block.page.parts else (),
+        )
+        for block in _runnable_blocks()
+    ]
+
+
+@pytest.mark.parametrize("block", _block_params())
 def test_block_runs(block):
     # Tracebacks name the page, at its own line numbers.
     try:

@@ -74,7 +74,8 @@ def test_empty_state():
     _close(ours.ys, theirs.ys)
 
 
-@pytest.mark.parametrize("size", [1, 40])  # held as components, and as arrays
+# Held as components, and as arrays (the long tests).
+@pytest.mark.parametrize("size", [1, pytest.param(40, marks=pytest.mark.slow)])
 def test_zero_size_leaf_next_to_others(size):
     y0 = (jnp.linspace(1.0, 2.0, size), jnp.zeros((0,)), jnp.zeros((2, 0)))
     ts = jnp.array([0.3, 1.0])

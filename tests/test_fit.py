@@ -135,6 +135,7 @@ def test_fitzhugh_nagumo_observing_one_component():
     assert fit.stats["max_error_ratio"] <= 1
 
 
+@pytest.mark.slow
 def test_per_trajectory_parameters_and_initial_states(lv_data):
     y0s, ts, data = lv_data
     # The prey growth rate differs per experiment; the other rates are shared; the

@@ -36,25 +36,26 @@ def _saveats(problem):
 
 
 def _losses(problem, ours, theirs, saveat):
+    """Diffrax's, `gs.diffeqsolve`'s and `gs.replay`'s loss of `(y0, args)`, each
+    returning the solution's `(ts, ys)` as well, and the mesh the replay uses."""
     term = diffrax.ODETerm(problem.f)
     kwargs = dict(saveat=saveat, stepsize_controller=CTRL)
 
-    def finite_loss(ys):
-        return tree_sum_squares(
-            jax.tree.map(lambda y: jnp.where(jnp.isinf(y), 0, y), ys)
-        )
+    def finite_loss(sol):
+        ys = jax.tree.map(lambda y: jnp.where(jnp.isinf(y), 0, y), sol.ys)
+        return tree_sum_squares(ys), (sol.ts, sol.ys)
 
     def diffrax_loss(y0, args):
-        sol = diffrax.diffeqsolve(
-            term, theirs, problem.t0, problem.t1, None, y0, args, **kwargs
+        return finite_loss(
+            diffrax.diffeqsolve(
+                term, theirs, problem.t0, problem.t1, None, y0, args, **kwargs
+            )
         )
-        return finite_loss(sol.ys)
 
     def gs_loss(y0, args):
-        sol = gs.diffeqsolve(
-            term, ours, problem.t0, problem.t1, None, y0, args, **kwargs
+        return finite_loss(
+            gs.diffeqsolve(term, ours, problem.t0, problem.t1, None, y0, args, **kwargs)
         )
-        return finite_loss(sol.ys)
 
     mesh = gs.record(
         term,
@@ -68,17 +69,37 @@ def _losses(problem, ours, theirs, saveat):
     )
 
     def replay_loss(y0, args):
-        return finite_loss(gs.replay(mesh, term, ours, y0, args, saveat=saveat).ys)
+        return finite_loss(gs.replay(mesh, term, ours, y0, args, saveat=saveat))
 
     return diffrax_loss, gs_loss, replay_loss, mesh
 
 
-@pytest.mark.parametrize(
-    "name",
-    # The pendulum repeats what the other two show: the long tests run it.
-    [n if n != "pendulum" else pytest.param(n, marks=pytest.mark.slow) for n in NAMES],
-)
-@pytest.mark.parametrize("solver_name,saveat_name", CASES)
+def _values_and_gradient(loss, problem):
+    """`((ts, ys), gradient)` of `loss` at the problem's `(y0, args)`."""
+    value_and_grad = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)
+    (_, solution), grad = jax.jit(value_and_grad)(problem.y0, problem.args)
+    return solution, grad
+
+
+def _gradient_cases():
+    """Lorenz with every save (Dopri5 at `ts`), the forced pendulum (time-dependent)
+    at `ts`; the long tests run the whole grid on all three problems."""
+    quick = {("lorenz", case) for case in CASES}
+    quick -= {("lorenz", ("dopri5", "t1"))}
+    quick |= {("forced", ("tsit5", "ts"))}
+    return [
+        pytest.param(
+            name,
+            *case,
+            marks=() if (name, case) in quick else pytest.mark.slow,
+            id=f"{case[0]}-{case[1]}-{name}",
+        )
+        for name in NAMES
+        for case in CASES
+    ]
+
+
+@pytest.mark.parametrize("name,solver_name,saveat_name", _gradient_cases())
 def test_values_and_gradients_match_diffrax(name, solver_name, saveat_name):
     problem = PROBLEMS[name]
     solvers = dict(zip(["tsit5", "dopri5"], SOLVERS))[solver_name]
@@ -87,40 +108,18 @@ def test_values_and_gradients_match_diffrax(name, solver_name, saveat_name):
     tol = 1e-8 if saveat_name == "steps" else 1e-10
     saveat = _saveats(problem)[saveat_name]
     ours, theirs = solvers[0](), solvers[1]()
-    term = diffrax.ODETerm(problem.f)
-    expected = diffrax.diffeqsolve(
-        term,
-        theirs,
-        problem.t0,
-        problem.t1,
-        None,
-        problem.y0,
-        problem.args,
-        saveat=saveat,
-        stepsize_controller=CTRL,
-    )
-    sol = gs.diffeqsolve(
-        term,
-        ours,
-        problem.t0,
-        problem.t1,
-        None,
-        problem.y0,
-        problem.args,
-        saveat=saveat,
-        stepsize_controller=CTRL,
-    )
-    assert max_relative_error(sol.ys, expected.ys) <= tol
-    np.testing.assert_allclose(sol.ts, expected.ts, rtol=1e-8)
-    diffrax_loss, gs_loss, replay_loss, mesh = _losses(problem, ours, theirs, saveat)
-    replayed = gs.replay(mesh, term, ours, problem.y0, problem.args, saveat=saveat)
-    assert max_relative_error(replayed.ys, expected.ys) <= tol
-
-    grad = jax.jit(jax.grad(diffrax_loss, argnums=(0, 1)))
-    want = grad(problem.y0, problem.args)
-    for loss in (gs_loss, replay_loss):
-        got = jax.jit(jax.grad(loss, argnums=(0, 1)))(problem.y0, problem.args)
-        assert max_relative_error(got, want) <= 10 * tol
+    diffrax_loss, gs_loss, replay_loss, _ = _losses(problem, ours, theirs, saveat)
+    # Each library's values and gradient come from one compiled program (the values
+    # of a forward-only solve are compared with Diffrax's in test_steps.py and
+    # test_accuracy.py).
+    (ts_want, ys_want), want = _values_and_gradient(diffrax_loss, problem)
+    (ts, ys), got = _values_and_gradient(gs_loss, problem)
+    (_, ys_replay), replayed = _values_and_gradient(replay_loss, problem)
+    assert max_relative_error(ys, ys_want) <= tol
+    np.testing.assert_allclose(ts, ts_want, rtol=1e-8)
+    assert max_relative_error(ys_replay, ys_want) <= tol
+    for grad in (got, replayed):
+        assert max_relative_error(grad, want) <= 10 * tol
 
 
 @pytest.mark.parametrize("solvers", SOLVERS, ids=["tsit5", "dopri5"])

@@ -75,7 +75,7 @@ def _assert_same(xla, fused, *, rtol=0.0):
     [
         (gs.Tsit5(), jnp.float64),
         (gs.Tsit5(), jnp.float32),
-        (gs.Dopri5(), jnp.float64),
+        pytest.param(gs.Dopri5(), jnp.float64, marks=pytest.mark.slow),
         pytest.param(gs.Dopri5(), jnp.float32, marks=pytest.mark.slow),
     ],
     ids=["tsit5-float64", "tsit5-float32", "dopri5-float64", "dopri5-float32"],

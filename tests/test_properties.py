@@ -177,13 +177,13 @@ def _lv_property(system, t1, tol):
     _check("lotka_volterra", y0, p, t1, tol)
 
 
-@settings(max_examples=2, deadline=None)
+@settings(max_examples=1, deadline=None)
 @given(stable_linear(), spans, tolerances)
 def test_random_stable_linear_systems(system, t1, tol):
     _linear_property(system, t1, tol)
 
 
-@settings(max_examples=2, deadline=None)
+@settings(max_examples=1, deadline=None)
 @given(lotka_volterra(), spans, tolerances)
 def test_random_lotka_volterra(system, t1, tol):
     _lv_property(system, t1, tol)

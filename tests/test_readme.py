@@ -113,6 +113,7 @@ def test_sharding_example(tmp_path):
     np.testing.assert_allclose(out["grads"], grads, rtol=1e-5)
 
 
+@pytest.mark.slow  # two Optimistix fits in a fresh interpreter: ~17 s
 def test_fit_example_recovers_the_parameters(tmp_path):
     """The fit's data are noise-free, so it must return the parameters that made
     them."""

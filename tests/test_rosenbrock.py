@@ -179,7 +179,10 @@ CASES = {
 
 
 # The larger and PyTree states compile for longer: in the long test run.
-_SLOW_CASES = {"diffusion_40", "pendulum_stiff", "diffusion_6_backwards"}
+# All of them are long tests (Diffrax compiling gs.Rodas5 into its own loop, value
+# and two gradients, takes 20-50 s a case); by default Rodas5's gradients are
+# checked against closed forms.
+_SLOW_CASES = {"robertson", "diffusion_40", "pendulum_stiff", "diffusion_6_backwards"}
 
 # Cases where Diffrax's default (PIDController) gradient is not the discrete adjoint of
 # its own accepted steps (it differs from Diffrax's StepTo gradient over those steps).

@@ -97,14 +97,35 @@ def _check(problem_name, solvers, controller_name, direction, dt0_given):
 CONTROLLERS = ["default", "pi", "pid_limits", "dtmax", "jump_ts", "step_ts", "dtmin"]
 
 
-@pytest.mark.parametrize("problem_name", sorted(PROBLEMS))
-@pytest.mark.parametrize("solvers", SOLVERS, ids=["tsit5", "dopri5"])
-@pytest.mark.parametrize("controller_name", CONTROLLERS)
-def test_same_steps_as_diffrax(problem_name, solvers, controller_name):
-    # Alternate direction and dt0 across the grid; the slow test covers the rest.
-    index = CONTROLLERS.index(controller_name) + sorted(PROBLEMS).index(problem_name)
-    direction = "forward" if index % 2 == 0 else "backward"
-    _check(problem_name, solvers, controller_name, direction, dt0_given=index % 3 == 0)
+def _covering_cases():
+    """Every controller with both solvers, the problems taken in turn (each appears
+    twice or more), each solver both ways with and without `dt0`: every option of
+    the full grid (the long test below), not every combination."""
+    names = sorted(PROBLEMS)
+    cases = []
+    for c, controller_name in enumerate(CONTROLLERS):
+        for s, solver_id in enumerate(("tsit5", "dopri5")):
+            i = 2 * c + s
+            cases.append(
+                pytest.param(
+                    controller_name,
+                    SOLVERS[s],
+                    names[i % len(names)],
+                    "forward" if (c + s) % 2 == 0 else "backward",
+                    (c // 2) % 2 == 0,
+                    id=f"{controller_name}-{solver_id}-{names[i % len(names)]}",
+                )
+            )
+    return cases
+
+
+@pytest.mark.parametrize(
+    "controller_name,solvers,problem_name,direction,dt0_given", _covering_cases()
+)
+def test_same_steps_as_diffrax(
+    controller_name, solvers, problem_name, direction, dt0_given
+):
+    _check(problem_name, solvers, controller_name, direction, dt0_given)
 
 
 @pytest.mark.slow
