@@ -190,14 +190,15 @@ def test_random_lotka_volterra(system, t1, tol):
 
 
 @pytest.mark.slow
-@settings(max_examples=100, deadline=None)
+# The same 100 examples on every run (CI included); the default tests draw anew.
+@settings(max_examples=100, deadline=None, derandomize=True)
 @given(stable_linear(), spans, tolerances)
 def test_random_stable_linear_systems_many(system, t1, tol):
     _linear_property(system, t1, tol)
 
 
 @pytest.mark.slow
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, derandomize=True)
 @given(lotka_volterra(), spans, tolerances)
 def test_random_lotka_volterra_many(system, t1, tol):
     _lv_property(system, t1, tol)
