@@ -109,12 +109,23 @@ def test_values_and_gradients_match_diffrax(name, solver_name, saveat_name):
     saveat = _saveats(problem)[saveat_name]
     ours, theirs = solvers[0](), solvers[1]()
     diffrax_loss, gs_loss, replay_loss, _ = _losses(problem, ours, theirs, saveat)
-    # Each library's values and gradient come from one compiled program (the values
-    # of a forward-only solve are compared with Diffrax's in test_steps.py and
-    # test_accuracy.py).
+    # Each library's values and gradient come from one compiled program.
     (ts_want, ys_want), want = _values_and_gradient(diffrax_loss, problem)
     (ts, ys), got = _values_and_gradient(gs_loss, problem)
     (_, ys_replay), replayed = _values_and_gradient(replay_loss, problem)
+    # A forward-only solve (no states kept for the adjoint) is a program of its own.
+    forward = gs.diffeqsolve(
+        diffrax.ODETerm(problem.f),
+        ours,
+        problem.t0,
+        problem.t1,
+        None,
+        problem.y0,
+        problem.args,
+        saveat=saveat,
+        stepsize_controller=CTRL,
+    )
+    assert max_relative_error(forward.ys, ys_want) <= tol
     assert max_relative_error(ys, ys_want) <= tol
     np.testing.assert_allclose(ts, ts_want, rtol=1e-8)
     assert max_relative_error(ys_replay, ys_want) <= tol

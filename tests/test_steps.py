@@ -105,15 +105,15 @@ def _covering_cases():
     cases = []
     for c, controller_name in enumerate(CONTROLLERS):
         for s, solver_id in enumerate(("tsit5", "dopri5")):
-            i = 2 * c + s
+            problem_name = names[(2 * c + s) % len(names)]
             cases.append(
                 pytest.param(
                     controller_name,
                     SOLVERS[s],
-                    names[i % len(names)],
+                    problem_name,
                     "forward" if (c + s) % 2 == 0 else "backward",
                     (c // 2) % 2 == 0,
-                    id=f"{controller_name}-{solver_id}-{names[i % len(names)]}",
+                    id=f"{controller_name}-{solver_id}-{problem_name}",
                 )
             )
     return cases
