@@ -220,6 +220,11 @@ def fit(
             "optx.LevenbergMarquardt) or minimiser (e.g. optx.BFGS); got "
             f"{type(optimiser).__name__}."
         )
+    if dt0 is not None and not (np.all(np.isfinite(np.asarray(dt0))) and dt0 > 0):
+        raise ValueError(
+            f"dt0={dt0}: the initial step must be a positive finite number, or None "
+            "to let the controller choose it."
+        )
     if max_rounds < 2:
         raise ValueError(
             "max_rounds must be at least 2: a fit ends with an optimiser run on a "

@@ -188,6 +188,15 @@ def make_problem(
     ts = ts.astype(dtype)
     t0 = jnp.asarray(t0, dtype)
     ts_np = np.asarray(ts)
+    if not np.all(np.isfinite(ts_np)):
+        raise ValueError(
+            f"ts holds NaN or inf at positions {np.flatnonzero(~np.isfinite(ts_np))}: "
+            "observation times must be finite numbers."
+        )
+    if not np.isfinite(float(t0)):
+        raise ValueError(
+            f"t0 is {float(t0)}: the initial time must be a finite number."
+        )
     if np.any(np.diff(ts_np) <= 0) or ts_np[0] < float(t0):
         raise ValueError(
             f"ts must be strictly increasing and start at or after t0={float(t0)}; "

@@ -6,7 +6,10 @@ References are the true parameters of the synthetic data (simulated by Diffrax) 
 fits computed entirely with Diffrax gradients (`examples/diffrax_fit.py`).
 """
 
+import contextlib
+import logging
 import pathlib
+import re
 import sys
 
 import diffrax
@@ -201,6 +204,46 @@ def test_nan_data_masked_by_zero_weights(lv_data, lv_fwd):
                weights=jnp.broadcast_to(partly, data.shape))  # fmt: skip
 
 
+@contextlib.contextmanager
+def compiled_programs():
+    """Collect the names of the programs XLA compiles inside the block (from JAX's
+    compilation log)."""
+    names = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            found = re.match(r"Compiling (\S+) with", record.getMessage())
+            if found:
+                names.append(found.group(1))
+
+    logger = logging.getLogger("jax._src.interpreters.pxla")
+    handler = Collect(level=logging.DEBUG)
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles():
+            yield names
+    finally:
+        logger.removeHandler(handler)
+
+
+# The compiled programs of gs.fit (record, optimiser run, validation).
+FIT_PROGRAMS = {"jit(_record)", "jit(_round)", "jit(_compare)"}
+
+
+def test_a_second_fit_of_the_same_shape_compiles_nothing(lv_data, lv_fwd):
+    y0s, ts, data = lv_data
+    new_data = data * (1 + 0.01 * jnp.cos(jnp.arange(data.size).reshape(data.shape)))
+    new_guess = lv.GUESS * 1.05
+    new_y0s = y0s * 1.1
+    jax.block_until_ready((new_data, new_guess, new_y0s))
+    with compiled_programs() as names:
+        fit = gs.fit(gs.ODETerm(lv.lotka_volterra), gs.Tsit5(), new_guess, new_y0s, ts,
+                     new_data, stepsize_controller=lv.CONTROLLER,
+                     optimiser=lv.OPTIMISER)  # fmt: skip
+    assert fit.result == optx.RESULTS.successful
+    assert names == []
+
+
 @pytest.mark.parametrize(
     "change, match",
     [
@@ -217,6 +260,11 @@ def test_nan_data_masked_by_zero_weights(lv_data, lv_fwd):
         (dict(weights=0.0), "weights are all zero"),
         (dict(params0=lambda p: p.at[1].set(jnp.nan)), r"params0 holds NaN or inf"),
         (dict(params0=lambda p: p.at[0].set(jnp.inf)), r"params0 holds NaN or inf"),
+        (dict(ts=lambda t: t.at[3].set(jnp.nan)), r"ts holds NaN or inf at positions"),
+        (dict(ts=lambda t: t.at[-1].set(jnp.inf)), r"ts holds NaN or inf at positions"),
+        (dict(t0=jnp.nan), "initial time must be a finite number"),
+        (dict(dt0=jnp.nan), "initial step must be a positive finite number"),
+        (dict(dt0=0.0), "initial step must be a positive finite number"),
     ],
 )
 def test_bad_input_gets_a_clear_error(lv_data, change, match):
@@ -226,7 +274,7 @@ def test_bad_input_gets_a_clear_error(lv_data, change, match):
     for key in ("y0s", "ts", "data", "params0"):
         if key in change:
             kwargs[key] = change.pop(key)(kwargs[key])
-    with pytest.raises(ValueError, match=match):
+    with compiled_programs() as names, pytest.raises(ValueError, match=match):
         gs.fit(
             gs.ODETerm(lv.lotka_volterra),
             gs.Tsit5(),
@@ -236,6 +284,8 @@ def test_bad_input_gets_a_clear_error(lv_data, change, match):
             kwargs["data"],
             **change,
         )
+    # Raised on the host, before any of the fit's programs is compiled.
+    assert not FIT_PROGRAMS & set(names)
 
 
 def test_diverging_fit_returns_a_result_code():
