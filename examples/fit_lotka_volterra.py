@@ -169,7 +169,8 @@ def main(n=64, jacs=("fwd", "bwd"), plot_path="fit_lotka_volterra.png"):
         )
         print(
             f"  gs.fit: {fit.stats['rounds']} optimiser runs, {fit.stats['records']} "
-            f"meshes, {fit.stats['iterations']} iterations; Diffrax fit: "
+            f"meshes, {fit.stats['iterations']} iterations and "
+            f"{fit.stats['refinement_steps']} refinement steps; Diffrax fit: "
             f"{iterations_dfx} iterations"
         )
         print(

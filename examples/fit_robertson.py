@@ -145,7 +145,8 @@ def main(experiments=4, num_times=16, plot_path="fit_robertson.png"):
     print(
         f"  {result.stats['rounds']} optimiser runs, {result.stats['records']} meshes "
         f"({result.stats['mesh_steps']} steps), {result.stats['iterations']} "
-        f"iterations, {seconds:.1f} s with compilation"
+        f"iterations, {result.stats['refinement_steps']} refinement steps, "
+        f"{seconds:.1f} s with compilation"
     )
     if plot_path:
         plot(plot_path, y0s, ts, data, result.params)

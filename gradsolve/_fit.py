@@ -13,6 +13,7 @@ import numpy as np
 import optimistix as optx
 from jaxtyping import PyTree
 
+from ._fit_convergence import gauss_newton_refine, tolerances
 from ._fit_problem import FitProblem, make_problem
 from ._mesh import RecordedMesh
 
@@ -32,8 +33,10 @@ class FitResult(eqx.Module):
     - `stats`: a dict of Python numbers: `rounds` (optimiser runs), `records`
         (ensemble meshes recorded), `stale_meshes` (rounds that ended on a mesh whose
         replay error ratio exceeded the threshold), `iterations` (optimiser steps, all
-        rounds), `jacobian_evaluations` (one per optimiser step: a Jacobian of the
-        residuals for least-squares solvers, a gradient for minimisers),
+        rounds), `refinement_steps` (Gauss-Newton steps that refined an answer on
+        the mesh recorded at it, see below), `jacobian_evaluations` (one per
+        optimiser step and per refinement step: a Jacobian of the residuals for
+        least-squares solvers, a gradient for minimisers),
         `mesh_steps` (the trimmed length of the final mesh), `max_error_ratio`
         (the replay's error ratio at `params` on the final mesh; <= 1 means the mesh
         meets the recording tolerances there), `residual_norm` (the 2-norm of the
@@ -49,6 +52,10 @@ class FitResult(eqx.Module):
     result: optx.RESULTS
     stats: dict
     mesh: RecordedMesh | None
+
+
+# The most Gauss-Newton steps that refine an answer on a mesh recorded at it.
+REFINE_STEPS = 8
 
 
 @eqx.filter_jit
@@ -80,9 +87,16 @@ def _round(problem: FitProblem, optimiser, jac, mode, max_iterations, params, me
         max_steps=max_iterations,
         throw=False,
     )
-    obs, ratio = problem.predict(sol.value, mesh)
-    norm = jnp.sqrt(jnp.sum((problem.sqrt_weights * (obs - problem.data)) ** 2))
+    ratio, norm = _assess(problem, sol.value, mesh)
     return sol.value, sol.result, sol.stats["num_steps"], ratio, norm
+
+
+@eqx.filter_jit
+def _assess(problem: FitProblem, params, mesh):
+    """The replay's error ratio at `params` over `mesh` and the residuals' 2-norm."""
+    obs, ratio = problem.predict(params, mesh)
+    norm = jnp.sqrt(jnp.sum((problem.sqrt_weights * (obs - problem.data)) ** 2))
+    return ratio, norm
 
 
 @eqx.filter_jit
@@ -146,7 +160,14 @@ def fit(
     optimiser restarted from them. The fit ends when a run that started on a mesh
     recorded at the previous run's optimum converges and the mesh is still fresh
     (error ratio <= `max_error_ratio`) at its answer, so the answer is a minimum of
-    residuals computed to the solver's tolerances. A fresh adaptive solve at the
+    residuals computed to the solver's tolerances. For a least-squares solver with
+    `rtol` and `atol` (Levenberg-Marquardt, Gauss-Newton, Dogleg), that last run is
+    first tried as Gauss-Newton steps on the new mesh, which stop at the solver's
+    own termination test (Optimistix's Cauchy test on the change of the variable
+    and of the residuals): started next to the optimum, the solver itself would
+    spend most of its steps rejecting steps at the residuals' round-off floor. Where
+    the steps fail (one raises the loss without passing the test, or 8 do not
+    converge), the solver runs as before. A fresh adaptive solve at the
     final parameters validates the replayed values (`stats["validation_error"]`).
 
     The outer loop runs on the host; each optimiser run is one compiled call,
@@ -270,10 +291,24 @@ def fit(
     ):
         mode = problem.block_mode(params)
     converged = False
+    tolerance = tolerances(optimiser)
+    stats["refinement_steps"] = 0
     for round_ in range(max_rounds):
         if mesh is None:
             result = optx.RESULTS.nonlinear_divergence
             break
+        if round_ > 0 and tolerance is not None and mode is not None:
+            # Started at the previous run's optimum, the solver would spend most of
+            # its steps at the round-off floor: Gauss-Newton steps get there first.
+            refined, ok, steps = gauss_newton_refine(
+                problem, mode, params, mesh, *tolerance, REFINE_STEPS
+            )
+            stats["refinement_steps"] += int(steps)
+            if bool(ok) and _finite(refined):
+                ratio, norm = (float(x) for x in _assess(problem, refined, mesh))
+                if ratio <= max_error_ratio:
+                    params, converged = refined, True
+                    break
         new, code, steps, ratio, norm = _round(
             problem,
             optimiser,
@@ -313,7 +348,7 @@ def fit(
             result = optx.RESULTS.nonlinear_divergence
         else:
             stats["validation_error"] = float(_compare(problem, params, mesh, fresh))
-    stats["jacobian_evaluations"] = stats["iterations"]
+    stats["jacobian_evaluations"] = stats["iterations"] + stats["refinement_steps"]
     stats["mesh_steps"] = None if mesh is None else mesh.max_steps
     mesh = fresh if converged else None
     stats["max_error_ratio"] = float(ratio)
