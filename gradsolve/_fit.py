@@ -87,26 +87,31 @@ def _round(problem: FitProblem, optimiser, jac, mode, max_iterations, params, me
         max_steps=max_iterations,
         throw=False,
     )
-    ratio, norm = _assess(problem, sol.value, mesh)
+    _, ratio, norm = _assess(problem, sol.value, mesh)
     return sol.value, sol.result, sol.stats["num_steps"], ratio, norm
 
 
 @eqx.filter_jit
 def _assess(problem: FitProblem, params, mesh):
-    """The replay's error ratio at `params` over `mesh` and the residuals' 2-norm."""
+    """The observables replayed at `params` over `mesh`, the replay's error ratio
+    and the weighted residuals' 2-norm."""
     obs, ratio = problem.predict(params, mesh)
     norm = jnp.sqrt(jnp.sum((problem.sqrt_weights * (obs - problem.data)) ** 2))
-    return ratio, norm
+    return obs, ratio, norm
 
 
-@eqx.filter_jit
-def _compare(problem: FitProblem, params, mesh, fresh_mesh):
-    # A replay over a freshly recorded mesh gives the values of the adaptive solve
-    # that recorded it (to round-off), so this compares against a fresh solve.
-    fresh, _ = problem.predict(params, fresh_mesh)
-    replayed, _ = problem.predict(params, mesh)
+def _validation_error(problem: FitProblem, params, mesh, fresh_mesh) -> float:
+    """The largest difference between the observables replayed over `mesh` and over
+    a mesh freshly recorded at `params`, relative to the largest observable.
+
+    A replay over a freshly recorded mesh gives the values of the adaptive solve
+    that recorded it (to round-off), so this compares against a fresh solve. Both
+    replays run one compiled program (the meshes share a length, see `fit`).
+    """
+    fresh, _, _ = _assess(problem, params, fresh_mesh)
+    replayed, _, _ = _assess(problem, params, mesh)
     scale = jnp.maximum(jnp.max(jnp.abs(fresh)), jnp.finfo(fresh.dtype).tiny)
-    return jnp.max(jnp.abs(fresh - replayed)) / scale
+    return float(jnp.max(jnp.abs(fresh - replayed)) / scale)
 
 
 def _finite(tree) -> bool:
@@ -305,7 +310,8 @@ def fit(
             )
             stats["refinement_steps"] += int(steps)
             if bool(ok) and _finite(refined):
-                ratio, norm = (float(x) for x in _assess(problem, refined, mesh))
+                _, ratio, norm = _assess(problem, refined, mesh)
+                ratio, norm = float(ratio), float(norm)
                 if ratio <= max_error_ratio:
                     params, converged = refined, True
                     break
@@ -347,7 +353,7 @@ def fit(
         if fresh is None:
             result = optx.RESULTS.nonlinear_divergence
         else:
-            stats["validation_error"] = float(_compare(problem, params, mesh, fresh))
+            stats["validation_error"] = _validation_error(problem, params, mesh, fresh)
     stats["jacobian_evaluations"] = stats["iterations"] + stats["refinement_steps"]
     stats["mesh_steps"] = None if mesh is None else mesh.max_steps
     mesh = fresh if converged else None

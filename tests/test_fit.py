@@ -242,8 +242,13 @@ def compiled_programs():
         logger.removeHandler(handler)
 
 
-# The compiled programs of gs.fit (record, optimiser run, validation).
-FIT_PROGRAMS = {"jit(_record)", "jit(_round)", "jit(_compare)"}
+# The compiled programs of gs.fit (record, optimiser run, refinement, replay).
+FIT_PROGRAMS = {
+    "jit(_record)",
+    "jit(_round)",
+    "jit(gauss_newton_refine)",
+    "jit(_assess)",
+}
 
 
 def test_a_second_fit_of_the_same_shape_compiles_nothing(lv_data, lv_fwd):
