@@ -100,6 +100,9 @@ def fitting_cases() -> list[Case]:
             r"\bts\b.*(increasing|sort)",
         ),
         ("ts before t0", dict(t0=0.7), "t0=0.7 (after ts[0])", r"\bts\b|\bt0\b"),
+        ("NaN in ts", dict(ts=FIT_TS.at[0].set(NAN)), "ts=[nan, 1.0]", r"\bts\b.*NaN"),
+        ("t0 NaN", dict(t0=NAN), "t0=nan", r"\bt0\b|initial time"),
+        ("dt0 zero", dict(dt0=0.0), "dt0=0.0", r"dt0|initial step"),
         ("ts 2-d", dict(ts=FIT_TS[None]), "ts of shape (1, 2)", r"\bts\b"),
         (
             "scalar leaf in y0s",
