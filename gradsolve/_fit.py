@@ -87,8 +87,8 @@ def _round(problem: FitProblem, optimiser, jac, mode, max_iterations, params, me
         max_steps=max_iterations,
         throw=False,
     )
-    _, ratio, norm = _assess(problem, sol.value, mesh)
-    return sol.value, sol.result, sol.stats["num_steps"], ratio, norm
+    obs, ratio, norm = _assess(problem, sol.value, mesh)
+    return sol.value, sol.result, sol.stats["num_steps"], obs, ratio, norm
 
 
 @eqx.filter_jit
@@ -100,16 +100,17 @@ def _assess(problem: FitProblem, params, mesh):
     return obs, ratio, norm
 
 
-def _validation_error(problem: FitProblem, params, mesh, fresh_mesh) -> float:
-    """The largest difference between the observables replayed over `mesh` and over
-    a mesh freshly recorded at `params`, relative to the largest observable.
+def _validation_error(problem: FitProblem, params, replayed, fresh_mesh) -> float:
+    """The largest difference between the observables `replayed` at `params` (over
+    the fit's last mesh) and those replayed over a mesh freshly recorded at
+    `params`, relative to the largest observable.
 
     A replay over a freshly recorded mesh gives the values of the adaptive solve
-    that recorded it (to round-off), so this compares against a fresh solve. Both
-    replays run one compiled program (the meshes share a length, see `fit`).
+    that recorded it (to round-off), so this compares against a fresh solve. It
+    runs the program that assessed the answer (the meshes share a length, see
+    `fit`).
     """
     fresh, _, _ = _assess(problem, params, fresh_mesh)
-    replayed, _, _ = _assess(problem, params, mesh)
     scale = jnp.maximum(jnp.max(jnp.abs(fresh)), jnp.finfo(fresh.dtype).tiny)
     return float(jnp.max(jnp.abs(fresh - replayed)) / scale)
 
@@ -310,12 +311,12 @@ def fit(
             )
             stats["refinement_steps"] += int(steps)
             if bool(ok) and _finite(refined):
-                _, ratio, norm = _assess(problem, refined, mesh)
+                obs, ratio, norm = _assess(problem, refined, mesh)
                 ratio, norm = float(ratio), float(norm)
                 if ratio <= max_error_ratio:
                     params, converged = refined, True
                     break
-        new, code, steps, ratio, norm = _round(
+        new, code, steps, obs, ratio, norm = _round(
             problem,
             optimiser,
             jac,
@@ -353,7 +354,7 @@ def fit(
         if fresh is None:
             result = optx.RESULTS.nonlinear_divergence
         else:
-            stats["validation_error"] = _validation_error(problem, params, mesh, fresh)
+            stats["validation_error"] = _validation_error(problem, params, obs, fresh)
     stats["jacobian_evaluations"] = stats["iterations"] + stats["refinement_steps"]
     stats["mesh_steps"] = None if mesh is None else mesh.max_steps
     mesh = fresh if converged else None

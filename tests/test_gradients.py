@@ -37,7 +37,8 @@ def _saveats(problem):
 
 def _losses(problem, ours, theirs, saveat):
     """Diffrax's, `gs.diffeqsolve`'s and `gs.replay`'s loss of `(y0, args)`, each
-    returning the solution's `(ts, ys)` as well, and the mesh the replay uses."""
+    returning the solution's `(ts, ys)` as well, and a forward-only `gs.diffeqsolve`
+    at the problem's `(y0, args)` with the same settings."""
     term = diffrax.ODETerm(problem.f)
     kwargs = dict(saveat=saveat, stepsize_controller=CTRL)
 
@@ -52,10 +53,16 @@ def _losses(problem, ours, theirs, saveat):
             )
         )
 
-    def gs_loss(y0, args):
-        return finite_loss(
-            gs.diffeqsolve(term, ours, problem.t0, problem.t1, None, y0, args, **kwargs)
+    def gs_solve(y0, args):
+        return gs.diffeqsolve(
+            term, ours, problem.t0, problem.t1, None, y0, args, **kwargs
         )
+
+    def gs_loss(y0, args):
+        return finite_loss(gs_solve(y0, args))
+
+    def gs_forward():
+        return gs_solve(problem.y0, problem.args)
 
     mesh = gs.record(
         term,
@@ -71,7 +78,7 @@ def _losses(problem, ours, theirs, saveat):
     def replay_loss(y0, args):
         return finite_loss(gs.replay(mesh, term, ours, y0, args, saveat=saveat))
 
-    return diffrax_loss, gs_loss, replay_loss, mesh
+    return diffrax_loss, gs_loss, replay_loss, gs_forward
 
 
 def _values_and_gradient(loss, problem):
@@ -108,24 +115,15 @@ def test_values_and_gradients_match_diffrax(name, solver_name, saveat_name):
     tol = 1e-8 if saveat_name == "steps" else 1e-10
     saveat = _saveats(problem)[saveat_name]
     ours, theirs = solvers[0](), solvers[1]()
-    diffrax_loss, gs_loss, replay_loss, _ = _losses(problem, ours, theirs, saveat)
+    diffrax_loss, gs_loss, replay_loss, gs_forward = _losses(
+        problem, ours, theirs, saveat
+    )
     # Each library's values and gradient come from one compiled program.
     (ts_want, ys_want), want = _values_and_gradient(diffrax_loss, problem)
     (ts, ys), got = _values_and_gradient(gs_loss, problem)
     (_, ys_replay), replayed = _values_and_gradient(replay_loss, problem)
     # A forward-only solve (no states kept for the adjoint) is a program of its own.
-    forward = gs.diffeqsolve(
-        diffrax.ODETerm(problem.f),
-        ours,
-        problem.t0,
-        problem.t1,
-        None,
-        problem.y0,
-        problem.args,
-        saveat=saveat,
-        stepsize_controller=CTRL,
-    )
-    assert max_relative_error(forward.ys, ys_want) <= tol
+    assert max_relative_error(gs_forward().ys, ys_want) <= tol
     assert max_relative_error(ys, ys_want) <= tol
     np.testing.assert_allclose(ts, ts_want, rtol=1e-8)
     assert max_relative_error(ys_replay, ys_want) <= tol
