@@ -2,8 +2,9 @@
 
 `gradsolve.diffeqsolve` learns the length of its mesh only at run time, so it cannot
 replay it with one fixed-length scan without paying for `max_steps` steps. Its reverse
-pass instead walks back over the accepted steps in segments of `SEGMENT_LENGTH`
-(a `while_loop` of `ceil(num_steps / SEGMENT_LENGTH)` iterations): each segment is
+pass instead walks back over the accepted steps in segments of `length` steps (1 or
+8, see `_checkpoints.py`; a `while_loop` of `ceil(num_steps / length)` iterations):
+each segment is
 recomputed from the state the recording kept at its start, as a fixed-length scan,
 and pulled back with one `jax.vjp`. This is the same derivative as differentiating
 `gs.replay` (and as Diffrax's default adjoint): the exact discrete adjoint of the
@@ -19,17 +20,13 @@ import jax.numpy as jnp
 from ._components import Representation
 from ._mesh import RecordedMesh
 from ._problem import LeafProblem
-from ._record import CHECKPOINT_EVERY
 from ._saving import SaveLayout, SavePlan
 from ._solver.base import AbstractGradsolveSolver
 from ._solver.interpolation import combine, normalised_time
 
 
-# Steps per segment of the reverse pass. Longer segments amortise the loop's
-# per-iteration cost; every segment takes this many steps, so the last one wastes
-# up to `SEGMENT_LENGTH - 1` (skipped) steps. The recording keeps one state per
-# segment.
-SEGMENT_LENGTH = CHECKPOINT_EVERY
+# `ts` values whose cotangents one iteration of `save_cotangents` pulls back.
+SAVE_WINDOW = 16
 
 
 def is_float_array(x) -> bool:
@@ -56,6 +53,7 @@ def adjoint_loop(
     diff,
     treedef,
     every: int,
+    length: int,
 ):
     """Pull the cotangents of the saved values back to `diff = (y0, args, f)`.
 
@@ -65,8 +63,10 @@ def adjoint_loop(
     - `states`: the state after every `every`-th accepted step (`states[0] = y0`),
         as the steps hold it (see `_components.Representation`), with a leading
         axis.
-    - `every`: the spacing of the checkpoints in `states`; it divides
-        `SEGMENT_LENGTH`.
+    - `every`: the spacing of the checkpoints in `states`; it divides `length`.
+    - `length`: the steps per segment. Longer segments amortise the loop's
+        per-iteration cost; every segment takes this many steps, so the last one
+        wastes up to `length - 1` (skipped) steps.
     - `layout`, `plan`: where each saved value came from (see `_saving.py`).
     - `ys_bar`: the cotangents of the saved values (leaves, leading save axis).
     - `diff`: `(y0_leaves, args, f)`, the differentiable inputs.
@@ -79,7 +79,6 @@ def adjoint_loop(
     ts = mesh.ts
     direction = jnp.where(ts[0] < ts[-1], 1, -1)
     num_steps = mesh.num_steps
-    length = SEGMENT_LENGTH
     # The steps hold the state as `_record.py` did (components for a small state):
     # the loop carries and the step's vjp act on that; convert at the boundaries.
     y0_leaves, args, f = diff
@@ -109,6 +108,12 @@ def adjoint_loop(
         vf = representation.field(LeafProblem(f=f, args=args, treedef=treedef))
         y1, _, dense, _ = solver.step_leaves(vf, s, e, direction, y, None)
         return y1, dense
+
+    if ts_bar is not None:
+        # The shapes of a step's dense-output data (stages of state-like leaves).
+        dense_struct = jax.eval_shape(
+            lambda y, d: step(y, d, ts[0], ts[-1])[1], y_bar, diff_dynamic
+        )
 
     def segment_steps(first):
         """The mesh indices of the steps `[first, first + length)` (clipped into the
@@ -147,19 +152,58 @@ def adjoint_loop(
         if step_bar is not None:
             saved["steps"] = after
         if ts_bar is not None:
-            local = layout.ts_step - first
-            inside = (local >= 0) & (local < length) & (layout.ts_step < num_steps)
-            local = jnp.clip(local, 0, length - 1)
-            theta = normalised_time(s[local], plan.ts, e[local])
-            theta = jnp.where(inside, theta, 0)
-            values = jax.vmap(lambda th, a, b, k: combine(weights_fn(th), a, b, k))(
-                theta,
-                [x[local] for x in before],
-                [x[local] for x in after],
-                [[x[local] for x in stage] for stage in dense],
-            )
-            saved["ts"] = [jnp.where(_along(inside, v), v, 0) for v in values]
+            # The `ts` values are linear in each step's data: their cotangents
+            # are pulled back to that data (`save_cotangents`), not through an
+            # interpolation of every save time in every segment.
+            saved["ts"] = (before, after, dense)
         return y_end, saved
+
+    def save_cotangents(first):
+        """The cotangents of the data `(before, after, dense)` of the steps
+        `[first, first + length)` from the `ts` values that fall in them.
+
+        Those values are a contiguous run of `plan.ts` (both it and the steps are
+        sorted); they are taken `SAVE_WINDOW` at a time, so that a segment costs
+        what its own saves cost, whatever the total number of saves."""
+        index, _ = segment_steps(first)
+        s_all = ts[index] if mesh.step_starts is None else mesh.step_starts[index]
+        s_all, e_all = direction * s_all, direction * ts[index + 1]
+        end = jnp.minimum(first + length, num_steps)
+        lo = jnp.searchsorted(layout.ts_step, first, side="left")
+        hi = jnp.searchsorted(layout.ts_step, end, side="left")
+        window = min(SAVE_WINDOW, plan.ts.shape[0])
+        zeros = lambda xs: [jnp.zeros((length,) + x.shape, x.dtype) for x in xs]
+        states = [jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in ts_bar]
+        bars = (zeros(states), zeros(states), [zeros(stage) for stage in dense_struct])
+
+        def add_window(carry):
+            start, (before_bar, after_bar, dense_bar) = carry
+            k = start + jnp.arange(window)
+            ok = k < hi
+            k = jnp.minimum(k, plan.ts.shape[0] - 1)
+            local = jnp.clip(layout.ts_step[k] - first, 0, length - 1)
+            theta = normalised_time(s_all[local], plan.ts[k], e_all[local])
+            w_y0, w_y1, w_ks = jax.vmap(weights_fn)(jnp.where(ok, theta, 0))
+            onehot = (local[:, None] == jnp.arange(length)) & ok[:, None]
+
+            def pull(bar, w):
+                # bar[i] += sum over the window's saves in step i of w * ts_bar.
+                out = []
+                for acc, x in zip(bar, ts_bar):
+                    v = x[k]
+                    v = v if w is None else _along(w.astype(v.dtype), v) * v
+                    out.append(acc + jnp.tensordot(onehot.T.astype(v.dtype), v, 1))
+                return out
+
+            before_bar = pull(before_bar, w_y0)
+            after_bar = after_bar if w_y1 is None else pull(after_bar, w_y1)
+            dense_bar = [
+                d if w is None else pull(d, w) for d, w in zip(dense_bar, w_ks)
+            ]
+            return start + window, (before_bar, after_bar, dense_bar)
+
+        _, bars = jax.lax.while_loop(lambda c: c[0] < hi, add_window, (lo, bars))
+        return bars
 
     def segment_back(carry):
         """Recompute one segment from its checkpoint and pull the cotangents of
@@ -175,7 +219,7 @@ def adjoint_loop(
                 jnp.where(_along(valid, x), x[index], 0) for x in step_bar
             ]
         if ts_bar is not None:
-            saved_bar["ts"] = ts_bar
+            saved_bar["ts"] = save_cotangents(first)
         y_bar, d_bar = vjp((y_bar, saved_bar))
         diff_bar = jax.tree_util.tree_map(jnp.add, diff_bar, d_bar)
         return n - 1, y_bar, diff_bar

@@ -404,7 +404,7 @@ def check_representation_option(representation) -> None:
         )
 
 
-def _equations(jaxpr):
+def equations(jaxpr):
     """Every equation of `jaxpr` and of its sub-jaxprs, each with its sub-jaxprs."""
     for eqn in jaxpr.eqns:
         subs = [
@@ -414,18 +414,18 @@ def _equations(jaxpr):
         ]
         yield eqn, subs
         for sub in subs:
-            yield from _equations(sub)
+            yield from equations(sub)
 
 
 def count_operations(jaxpr) -> int:
     """The primitive operations of `jaxpr`, those of its sub-jaxprs included (an
     equation that only holds sub-jaxprs counts as theirs)."""
-    return sum(1 for _, subs in _equations(jaxpr) if not subs)
+    return sum(1 for _, subs in equations(jaxpr) if not subs)
 
 
 def _primitives(jaxpr) -> set[str]:
     """The names of the primitives of `jaxpr` and of its sub-jaxprs."""
-    return {eqn.primitive.name for eqn, _ in _equations(jaxpr)}
+    return {eqn.primitive.name for eqn, _ in equations(jaxpr)}
 
 
 def _operation_counts(problem, layout: Layout, time_dtype) -> tuple[int, int] | None:

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from diffrax._term import WrapTerm
 from jaxtyping import Array
 
+from ._checkpoints import segment_length
 from ._components import Representation
 from ._controller import NORMS, on_components
 from ._kernel import kernel_loop
@@ -32,12 +33,7 @@ class RecordOutput(eqx.Module):
     layout: SaveLayout
     states: list[Array] | None
     checkpoint_every: int = eqx.field(static=True)
-
-
-# The adjoint keeps one state per this many accepted steps: memory (and the time to
-# allocate it, which dominates at `max_steps=4096`) falls 16-fold, for one extra
-# forward evaluation of each step on the backward pass.
-CHECKPOINT_EVERY = 8
+    segment_length: int = eqx.field(static=True)
 
 
 def _clip_floor(t1):
@@ -82,7 +78,8 @@ def record_loop(
     count as infinite. So the accepted steps are Diffrax's, to round-off.
 
     `plan.ts` is in internal time (`direction * t`). With `keep_states`, the state
-    after every `checkpoint_every`-th accepted step is kept for the adjoint.
+    after every `segment_length`-th accepted step is kept for the adjoint (see
+    `_checkpoints.py`).
 
     `kernel` (`"auto"`, `"pallas"` or `"xla"`, see `_kernel_select.use_kernel`)
     chooses the fused Pallas kernel for the loop when the problem fits; it takes the
@@ -157,8 +154,11 @@ def record_loop(
             solver, controller, plan, representation.layout, dynamic
         )
         fused = use_kernel(kernel, reason)
+    # The adjoint recomputes this many steps at a time from a kept state. (Decided
+    # with or without `keep_states`: `_solve`'s primal and forward outputs agree.)
+    segment = segment_length(problem, y0, t0)
     if fused:
-        every = CHECKPOINT_EVERY
+        every = segment
         c = kernel_loop(
             problem,
             f,
@@ -186,6 +186,7 @@ def record_loop(
             max_steps,
             keep_states,
             has_jumps,
+            segment,
         )
     result = diffrax.RESULTS.where(
         (c["tprev"] < ti1) & (c["result"] == diffrax.RESULTS.successful),
@@ -268,6 +269,7 @@ def record_loop(
         layout=layout,
         states=states if keep_states else None,
         checkpoint_every=every,
+        segment_length=segment,
     )
 
 
@@ -284,9 +286,11 @@ def _xla_loop(
     max_steps,
     keep_states,
     has_jumps,
+    segment,
 ):
     """The stepping loop as an XLA `while_loop`. Returns its final carry and how
-    often it kept a state (`every`)."""
+    often it kept a state (`every`): every step when steps are saved, else every
+    `segment`-th."""
     interpolation = solver.interpolation_cls
     ti0, ti1, direction = lane["ti0"], lane["ti1"], lane["direction"]
     clip_floor, y = lane["clip_floor"], lane["y"]
@@ -317,9 +321,9 @@ def _xla_loop(
         carry["starts"] = jnp.full((max_steps,), ti0, dtype=time_dtype)
         carry["restarts"] = jnp.zeros((max_steps,), dtype=bool)
     # Every state is kept when saved (`SaveAt(steps=True)`); for the adjoint alone,
-    # every `CHECKPOINT_EVERY`-th (it recomputes the others one segment at a time).
+    # every `segment`-th (it recomputes the others one segment at a time).
     # They are kept as the steps hold them (components for a small state).
-    every = 1 if plan.steps else CHECKPOINT_EVERY
+    every = 1 if plan.steps else segment
     if keep_states or plan.steps:
         carry["states"] = [
             jnp.broadcast_to(x, (max_steps // every + 1,) + x.shape) for x in y

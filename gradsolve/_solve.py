@@ -133,7 +133,13 @@ def _solve_fwd(
     out = _record(
         diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, True, "xla"
     )
-    residuals = (out.mesh, out.states, out.layout, out.checkpoint_every)
+    residuals = (
+        out.mesh,
+        out.states,
+        out.layout,
+        out.checkpoint_every,
+        out.segment_length,
+    )
     out = eqx.tree_at(lambda o: o.states, out, None, is_leaf=lambda x: x is None)
     return out, residuals
 
@@ -155,13 +161,13 @@ def _solve_bwd(
     kernel,
 ):
     del perturbed, t0, t1, dt0, controller, max_steps, kernel
-    mesh, states, layout, every = residuals
+    mesh, states, layout, every, length = residuals
     ys_bar = [
         jnp.zeros((plan.size(mesh.max_steps),) + y.shape, y.dtype) if g is None else g
         for g, y in zip(grad_obj.ys, diff[0])
     ]
     return adjoint_loop(
-        solver, mesh, states, layout, plan, ys_bar, diff, treedef, every
+        solver, mesh, states, layout, plan, ys_bar, diff, treedef, every, length
     )
 
 

@@ -1,15 +1,20 @@
 """The reverse pass of `gs.diffeqsolve` walks back over its steps in fixed-length
-segments (`_adjoint.SEGMENT_LENGTH`): step counts on either side of a segment
-boundary, a mesh filled to `max_steps`, and a vmapped ensemble with ragged step
-counts must all give Diffrax's gradient."""
+segments (8 steps for a cheap vector field, 1 for a costly one, see
+`_checkpoints.py`): step counts on either side of a segment boundary, a mesh filled
+to `max_steps`, a vmapped ensemble with ragged step counts and many save times in
+one step must all give Diffrax's gradient."""
 
 import diffrax
 import jax
 import jax.numpy as jnp
 import pytest
 
+import equinox as eqx
+
 import gradsolve as gs
-from gradsolve._adjoint import SEGMENT_LENGTH
+from gradsolve._adjoint import SAVE_WINDOW
+from gradsolve._checkpoints import CHEAP_FIELD_SEGMENT as SEGMENT_LENGTH, segment_length
+from gradsolve._problem import LeafProblem
 
 from .helpers import PROBLEMS, max_relative_error
 
@@ -138,4 +143,52 @@ def test_a_state_held_as_an_array(saves):
 
     got = grad(gs.diffeqsolve, gs.Tsit5())
     want = grad(diffrax.diffeqsolve, diffrax.Tsit5())
+    assert max_relative_error(got, want) <= 1e-9
+
+
+# An MLP field: thousands of operations per evaluation, so the reverse pass
+# recomputes one step at a time.
+MLP = eqx.nn.MLP(2, 2, 32, 2, activation=jnp.tanh, key=jax.random.key(0))
+
+
+def _mlp_field(t, y, model):
+    return model(y) - 0.1 * y
+
+
+def test_segment_length_follows_the_cost_of_the_field():
+    costly = LeafProblem(f=_mlp_field, args=MLP, treedef=jax.tree.structure(0.0))
+    cheap = LeafProblem(f=PROBLEM.f, args=PROBLEM.args, treedef=costly.treedef)
+    assert segment_length(costly, [jnp.zeros(2)], 0.0) == 1
+    assert segment_length(cheap, [PROBLEM.y0], 0.0) == SEGMENT_LENGTH
+
+
+def test_costly_field_ragged_ensemble_with_many_saves_per_step():
+    # More save times than one window holds fall in single steps (a loose
+    # tolerance takes few steps), some of them repeated and some on t0 and t1.
+    ts = jnp.concatenate(
+        [jnp.linspace(0.0, 2.0, 3 * SAVE_WINDOW + 5), jnp.array([1.0, 2.0])]
+    )
+    saveat = diffrax.SaveAt(t0=True, ts=jnp.sort(ts), t1=True)
+    ctrl = diffrax.PIDController(rtol=1e-4, atol=1e-6)
+    y0s = jnp.array([[0.5, -0.3], [1.5, 0.2], [-2.0, 1.0]])
+    rates = jnp.array([0.2, 1.0, 8.0])  # time scales: few to many steps
+    term = diffrax.ODETerm(lambda t, y, a: a[1] * _mlp_field(t, y, a[0]))
+
+    def grad(solve, solver):
+        def one(y0, model, rate):
+            sol = solve(
+                term, solver, 0.0, 2.0, 0.1, y0, (model, rate),
+                saveat=saveat, stepsize_controller=ctrl,
+            )  # fmt: skip
+            return jnp.sum(jnp.cos(sol.ys)), sol.stats["num_accepted_steps"]
+
+        def total(y0s, model):
+            values, steps = jax.vmap(one, (0, None, 0))(y0s, model, rates)
+            return jnp.sum(values), steps
+
+        return eqx.filter_jit(eqx.filter_grad(total, has_aux=True))(y0s, MLP)
+
+    got, steps = grad(gs.diffeqsolve, gs.Tsit5())
+    want, _ = grad(diffrax.diffeqsolve, diffrax.Tsit5())
+    assert steps.min() < steps.max()  # ragged
     assert max_relative_error(got, want) <= 1e-9

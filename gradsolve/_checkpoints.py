@@ -1,0 +1,70 @@
+"""How many steps the one-call adjoint recomputes at a time (and so how often the
+recording keeps a state for it).
+
+`jax.grad` through `gs.diffeqsolve` walks back over the accepted steps in segments
+(`_adjoint.py`), each recomputed from a kept state. Every segment costs a fixed
+overhead (one iteration of a `while_loop`, one `jax.vjp` of a short `scan`) on top
+of its steps. For a cheap vector field (Lorenz: tens of operations) that overhead
+dominates a step, so segments of 8 steps are fastest; for a costly one (an MLP:
+thousands of operations) the steps dominate, and segments of 1 step are fastest,
+since they recompute nothing and waste no steps past the end of a short solve.
+Measured on a 2-core CPU, float64, `max_steps=4096`, 64 trajectories: Lorenz
+2.3 ms with segments of 8 against 3.5 ms with segments of 1, Lotka-Volterra 5.0
+against 17 ms; an MLP 4-32-32-4 field 3.8 against 2.9 ms, a 4-step MLP 2-64-64-2
+solve (32 trajectories, float32) 2.2 against 1.5 ms.
+"""
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+
+from ._components import equations
+
+
+# Segments of this many steps for a cheap field ...
+CHEAP_FIELD_SEGMENT = 8
+# ... and of one step for a field taking at least this many floating-point
+# operations per evaluation (per trajectory).
+COSTLY_FIELD_FLOPS = 1000
+
+
+def _flops(jaxpr) -> int:
+    """Floating-point operations of one evaluation of `jaxpr`: `2 m n k` for a
+    matrix product, one per output element for any other primitive."""
+    total = 0
+    for eqn, subs in equations(jaxpr):
+        if subs:
+            continue
+        out = sum(math.prod(getattr(v.aval, "shape", ())) for v in eqn.outvars)
+        if eqn.primitive.name == "dot_general":
+            (contract, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            out *= 2 * math.prod(lhs[d] for d in contract)
+        total += out
+    return total
+
+
+def segment_length(problem, leaves, t) -> int:
+    """The adjoint's segment length for `problem` (a `LeafProblem`) with a state of
+    `leaves` at time `t`: 1 for a costly vector field, else `CHEAP_FIELD_SEGMENT`.
+
+    The field is traced (not compiled) on arrays, with the arrays of the field and
+    its `args` as inputs, so that the decision is the same whether they are
+    constants or tracers of an enclosing `jit` or `vmap`."""
+    dynamic, static = eqx.partition((problem.f, problem.args), eqx.is_array)
+    struct = lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
+
+    def field(t, leaves, dynamic):
+        f, args = eqx.combine(dynamic, static)
+        y = jtu.tree_unflatten(problem.treedef, leaves)
+        return jtu.tree_leaves(f(t, y, args))
+
+    jaxpr = jax.make_jaxpr(field)(
+        struct(t), [struct(x) for x in leaves], jtu.tree_map(struct, dynamic)
+    ).jaxpr
+    if _flops(jaxpr) >= COSTLY_FIELD_FLOPS:
+        return 1
+    return CHEAP_FIELD_SEGMENT
