@@ -22,7 +22,7 @@ from ._mesh import RecordedMesh
 from ._problem import LeafProblem
 from ._saving import SaveLayout, SavePlan
 from ._solver.base import AbstractGradsolveSolver
-from ._solver.interpolation import combine, normalised_time
+from ._solver.interpolation import normalised_time
 
 
 # `ts` values whose cotangents one iteration of `save_cotangents` pulls back.

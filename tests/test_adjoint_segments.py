@@ -5,11 +5,10 @@ to `max_steps`, a vmapped ensemble with ragged step counts and many save times i
 one step must all give Diffrax's gradient."""
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
-
-import equinox as eqx
 
 import gradsolve as gs
 from gradsolve._adjoint import SAVE_WINDOW
