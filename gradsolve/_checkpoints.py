@@ -12,6 +12,11 @@ Measured on a 2-core CPU, float64, `max_steps=4096`, 64 trajectories: Lorenz
 2.3 ms with segments of 8 against 3.5 ms with segments of 1, Lotka-Volterra 5.0
 against 17 ms; an MLP 4-32-32-4 field 3.8 against 2.9 ms, a 4-step MLP 2-64-64-2
 solve (32 trajectories, float32) 2.2 against 1.5 ms.
+
+Segments of one step keep every state: `max_steps + 1` of them per trajectory. So
+they are used only for a small state (at most `MAX_KEPT_STATE_BYTES`, four times a
+step time in float64): the kept states then take at most four times the memory of
+the mesh itself.
 """
 
 import math
@@ -29,6 +34,8 @@ CHEAP_FIELD_SEGMENT = 8
 # ... and of one step for a field taking at least this many floating-point
 # operations per evaluation (per trajectory).
 COSTLY_FIELD_FLOPS = 1000
+# ... and a state of at most this many bytes.
+MAX_KEPT_STATE_BYTES = 32
 
 
 def _flops(jaxpr) -> int:
@@ -49,11 +56,15 @@ def _flops(jaxpr) -> int:
 
 def segment_length(problem, leaves, t) -> int:
     """The adjoint's segment length for `problem` (a `LeafProblem`) with a state of
-    `leaves` at time `t`: 1 for a costly vector field, else `CHEAP_FIELD_SEGMENT`.
+    `leaves` at time `t`: 1 for a costly vector field and a small state, else
+    `CHEAP_FIELD_SEGMENT`.
 
     The field is traced (not compiled) on arrays, with the arrays of the field and
     its `args` as inputs, so that the decision is the same whether they are
     constants or tracers of an enclosing `jit` or `vmap`."""
+    state_bytes = sum(jnp.size(x) * jnp.result_type(x).itemsize for x in leaves)
+    if state_bytes > MAX_KEPT_STATE_BYTES:
+        return CHEAP_FIELD_SEGMENT
     dynamic, static = eqx.partition((problem.f, problem.args), eqx.is_array)
     struct = lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
 

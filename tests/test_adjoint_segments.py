@@ -159,6 +159,12 @@ def test_segment_length_follows_the_cost_of_the_field():
     cheap = LeafProblem(f=PROBLEM.f, args=PROBLEM.args, treedef=costly.treedef)
     assert segment_length(costly, [jnp.zeros(2)], 0.0) == 1
     assert segment_length(cheap, [PROBLEM.y0], 0.0) == SEGMENT_LENGTH
+    # A larger state (8 float64 elements) is kept every eighth step even when
+    # its field is costly: keeping every state would take 8x the mesh's memory.
+    wide = eqx.nn.MLP(8, 8, 32, 2, key=jax.random.key(2))
+    costly_wide = LeafProblem(f=_mlp_field, args=wide, treedef=costly.treedef)
+    assert segment_length(costly_wide, [jnp.zeros(8)], 0.0) == SEGMENT_LENGTH
+    assert segment_length(costly_wide, [jnp.zeros(8, jnp.float32)], 0.0) == 1
 
 
 def test_costly_field_ragged_ensemble_with_many_saves_per_step():
