@@ -8,10 +8,12 @@ Runs `examples/neural_ode_diffrax_style.py` (an `eqx.Module` MLP field, a batch 
 AdaBelief, first 10% of each series then the whole): `diffrax` as written,
 `swapped` (only `diffrax.diffeqsolve` / `diffrax.Tsit5` swapped for gradsolve's)
 and `mesh` (recorded meshes replayed, re-recorded when stale or every
-`--record-every` steps). Same seeds, same batches, same steps. Reports per phase the
-first step (compilation included), the median steady step, the speed-up against
-Diffrax's median, the final loss and the number of recordings; writes
-`benchmarks/results/neural_ode_training.json` and prints a markdown table.
+`--record-every` steps); and, as a reference, `floor`: the same step with no solve
+at all, which is what the optimiser and the step's dispatch cost. Same seeds, same
+batches, same steps. Reports per phase the first step (compilation included), the
+median steady step, the speed-up against Diffrax's median, the final loss and the
+number of recordings; writes `benchmarks/results/neural_ode_training.json` and
+prints a markdown table.
 """
 
 import argparse
@@ -43,6 +45,7 @@ def main():
         batch=opts.batch,
         width=opts.width,
         record_every=opts.record_every,
+        ways=("diffrax", "swapped", "mesh", "floor"),
     )
     out = pathlib.Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)

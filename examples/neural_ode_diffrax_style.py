@@ -13,7 +13,10 @@ first fits the first 10% of each series, then the whole. Only the solve differs:
   else: the gradient is the same derivative, through gradsolve's one-call adjoint;
 - `mesh`: the meshes of the whole dataset are recorded (`gs.record`, vmapped) and
   each step replays the batch's meshes (`gs.replay`); the dataset is recorded again
-  every `--record-every` steps, or at once when a replay reports its mesh stale.
+  every `--record-every` steps, or at once when a replay reports its mesh stale;
+- `floor` (for reference, not a way to train): the same step with no ODE solve
+  (every prediction is the series' first value), which is what the optimiser,
+  the batch and the dispatch of the compiled step cost without any solver.
 
 Each way starts from the same weights and draws the same batches; the script prints
 per phase the first step's time (compilation included), the median step time and
@@ -100,7 +103,8 @@ def dataset(size, length, *, key):
 
 
 def make_step(way, optimiser):
-    """The compiled training step of `way` ("diffrax", "swapped" or "mesh")."""
+    """The compiled training step of `way` ("diffrax", "swapped", "mesh" or
+    "floor")."""
     solve, solver = {
         "diffrax": (diffrax.diffeqsolve, diffrax.Tsit5()),
         "swapped": (gs.diffeqsolve, gs.Tsit5()),
@@ -112,6 +116,13 @@ def make_step(way, optimiser):
             if way == "mesh":
                 pred, ratio = jax.vmap(model.replay, (0, None, 0))(meshes, ts, ys[:, 0])
                 ratio = jnp.max(ratio)
+            elif way == "floor":
+                # Depends on every weight (so the gradient and the update have
+                # their usual size), and costs nothing to evaluate.
+                weights = jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))
+                tiny = 1e-12 * sum(jnp.sum(w) for w in weights)
+                pred = jnp.broadcast_to(ys[:, :1], ys.shape) + tiny.astype(ys.dtype)
+                ratio = jnp.zeros(())
             else:
                 pred = jax.vmap(lambda y0: model.solve(ts, y0, solve, solver))(ys[:, 0])
                 ratio = jnp.zeros(())
