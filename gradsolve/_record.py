@@ -216,7 +216,14 @@ def record_loop(
     step_values = None
     if plan.steps:
         step_values = to_leaves([s[1:] for s in states], 1)
-    layout = save_layout(plan, step_ends, max_steps)
+    ts_step = None
+    if num_ts > 0 and "ts_steps" in c:
+        # A value the loop did not save lies past the last step it reached (or
+        # the solve took no step): where a search of the padded buffer puts it.
+        saved = jnp.arange(num_ts) < c["ts_index"]
+        unsaved = jnp.where(plan.ts <= c["tprev"], 0, max(max_steps - 1, 0))
+        ts_step = jnp.where(saved, c["ts_steps"], unsaved)
+    layout = save_layout(plan, step_ends, max_steps, ts_step)
     ts_out, ys_out = assemble(
         plan,
         layout,
@@ -314,6 +321,10 @@ def _xla_loop(
         .set(direction * ti0),
         ts_index=jnp.array(0),
         ts_values=zeros_like(y, num_ts),
+        # The step each `ts` value falls in, noted when it is saved (a binary
+        # search over the `max_steps`-long buffer afterwards costs more than the
+        # steps of a short solve). Unsaved values are set after the loop.
+        ts_steps=jnp.zeros((num_ts,), dtype=int),
     )
     if solver.fsal:
         carry["f_fsal"] = vf(t0, y)
@@ -374,19 +385,22 @@ def _xla_loop(
         if num_ts > 0:
 
             def save_cond(s):
-                i, _ = s
+                i = s[0]
                 return (
                     keep & (i < num_ts) & (plan.ts[jnp.minimum(i, num_ts - 1)] <= tnext)
                 )
 
             def save_body(s):
-                i, values = s
+                i, values, steps = s
                 theta = normalised_time(tprev, plan.ts[i], tnext)
                 y_t = combine(interpolation.weights(theta), y, y1, ks)
-                return i + 1, [v.at[i].set(x) for v, x in zip(values, y_t)]
+                values = [v.at[i].set(x) for v, x in zip(values, y_t)]
+                return i + 1, values, steps.at[i].set(index)
 
-            c["ts_index"], c["ts_values"] = jax.lax.while_loop(
-                save_cond, save_body, (c["ts_index"], c["ts_values"])
+            c["ts_index"], c["ts_values"], c["ts_steps"] = jax.lax.while_loop(
+                save_cond,
+                save_body,
+                (c["ts_index"], c["ts_values"], c["ts_steps"]),
             )
         c["y"] = _where(keep, y1, y)
         if f0 is not None:

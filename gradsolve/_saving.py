@@ -38,18 +38,25 @@ class SaveLayout(eqx.Module):
     t1_slot: int | None = eqx.field(static=True)
 
 
-def save_layout(plan: SavePlan, step_ends: Array, max_steps: int) -> SaveLayout:
+def save_layout(
+    plan: SavePlan,
+    step_ends: Array,
+    max_steps: int,
+    ts_step: Int[Array, " saves"] | None = None,
+) -> SaveLayout:
     """Compute the layout from the mesh's step ends (internal, increasing time).
 
     A `ts` value belongs to the first step whose end is at or after it, exactly as the
-    adaptive loop saves it when that step is accepted.
+    adaptive loop saves it when that step is accepted. `ts_step`, where given, is
+    that step for every `ts` value (as the loop noted it), instead of a search.
     """
     base = int(plan.t0)
-    ts_step = ts_slot = step_slot = None
+    ts_slot = step_slot = None
     num_ts = 0 if plan.ts is None else len(plan.ts)
-    if plan.ts is not None:
+    if plan.ts is not None and ts_step is None:
         ts_step = jnp.searchsorted(step_ends, plan.ts, side="left")
         ts_step = jnp.minimum(ts_step, max_steps - 1) if max_steps > 0 else ts_step
+    if plan.ts is not None:
         ts_slot = base + jnp.arange(num_ts)
         if plan.steps:
             ts_slot = ts_slot + ts_step
