@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from ._components import equations
+from ._components import equations, trajectory_struct
 
 
 # Segments of this many steps for a cheap field ...
@@ -61,12 +61,13 @@ def segment_length(problem, leaves, t) -> int:
 
     The field is traced (not compiled) on arrays, with the arrays of the field and
     its `args` as inputs, so that the decision is the same whether they are
-    constants or tracers of an enclosing `jit` or `vmap`."""
+    constants or tracers of an enclosing `jit` or `vmap` (typed as inside a
+    sharded ensemble where it runs in one)."""
     state_bytes = sum(jnp.size(x) * jnp.result_type(x).itemsize for x in leaves)
     if state_bytes > MAX_KEPT_STATE_BYTES:
         return CHEAP_FIELD_SEGMENT
     dynamic, static = eqx.partition((problem.f, problem.args), eqx.is_array)
-    struct = lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
+    struct = lambda x: trajectory_struct(jnp.shape(x), jnp.result_type(x))
 
     def field(t, leaves, dynamic):
         f, args = eqx.combine(dynamic, static)

@@ -290,7 +290,7 @@ class Layout(eqx.Module):
         return out
 
 
-def _struct(shape, dtype) -> jax.ShapeDtypeStruct:
+def trajectory_struct(shape, dtype) -> jax.ShapeDtypeStruct:
     """The type of one trajectory's array here. Inside `jax.shard_map` (a sharded
     ensemble) values carry the device mesh in their type: the traced vector field
     must see the same types as the closure-converted one was built with."""
@@ -308,7 +308,7 @@ def _split_args(args):
     cotangents are accumulated per component."""
     dynamic, static = eqx.partition(args, eqx.is_array)
     leaves, treedef = jtu.tree_flatten(dynamic)
-    structs = [_struct(jnp.shape(x), jnp.result_type(x)) for x in leaves]
+    structs = [trajectory_struct(jnp.shape(x), jnp.result_type(x)) for x in leaves]
     inputs = []
     for x, st in zip(leaves, structs):
         if jnp.issubdtype(st.dtype, jnp.inexact) and 0 < x.size <= MAX_COMPONENTS:
@@ -333,7 +333,7 @@ def args_from_elements(static, treedef, structs, elements) -> tuple:
 
 def component_field(f, treedef, layout: Layout, t, comps, split_args) -> list:
     """`f(t, y, args)` for `y` given as components; returns components."""
-    structs = [_struct(s, d) for s, d in zip(layout.shapes, layout.dtypes)]
+    structs = [trajectory_struct(s, d) for s, d in zip(layout.shapes, layout.dtypes)]
     static, args_treedef, args_structs, args_inputs = split_args
 
     def g(t, y_leaves, args_leaves):
@@ -437,10 +437,12 @@ def _operation_counts(problem, layout: Layout, time_dtype) -> tuple[int, int] | 
     that it is the same whether they are constants or tracers of an enclosing `jit`
     or `vmap` (a recording and its replay decide alike)."""
     dynamic, static = eqx.partition((problem.f, problem.args), eqx.is_array)
-    structs = jtu.tree_map(lambda x: _struct(jnp.shape(x), jnp.result_type(x)), dynamic)
-    t = _struct((), time_dtype)
-    leaves = [_struct(s, d) for s, d in zip(layout.shapes, layout.dtypes)]
-    comps = [_struct((), d) for s, d in zip(layout.shapes, layout.dtypes)
+    structs = jtu.tree_map(
+        lambda x: trajectory_struct(jnp.shape(x), jnp.result_type(x)), dynamic
+    )
+    t = trajectory_struct((), time_dtype)
+    leaves = [trajectory_struct(s, d) for s, d in zip(layout.shapes, layout.dtypes)]
+    comps = [trajectory_struct((), d) for s, d in zip(layout.shapes, layout.dtypes)
              for _ in range(int(np.prod(s, dtype=int)))]  # fmt: skip
 
     def on_arrays(t, leaves, dynamic):
