@@ -21,14 +21,13 @@ The loss is `sum(y(t1)**2)`, its gradient taken with respect to every trajectory
 parameters. Every gradsolve time is reported as a fraction of the ceiling's (1.0
 means as fast as the hand-written replay), and every time as a speed-up over
 Diffrax's. The gradients of the ceiling, of `gs.replay` and of Diffrax are compared
-(they differentiate the same steps). Writes `benchmarks/results/ceiling.json` and
-prints a markdown table.
+(they differentiate the same steps). Writes `ceiling.json` (with the machine and
+versions) and `ceiling.md` to `--out` (default `benchmarks/results/`) and prints the
+table.
 """
 
 import argparse
-import json
 import pathlib
-import platform
 import sys
 
 import diffrax
@@ -43,6 +42,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import problems  # noqa: E402
+import report  # noqa: E402
 from harness import gradient_difference, time_interleaved  # noqa: E402
 
 import gradsolve as gs  # noqa: E402
@@ -193,7 +193,7 @@ def main():
     parser.add_argument("--sizes", default="1,64,1024,4096,16384")
     parser.add_argument("--dtypes", default="float64,float32")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", default=str(HERE / "results" / "ceiling.json"))
+    parser.add_argument("--out", default=str(HERE / "results"))
     opts = parser.parse_args()
     cases = []
     for name in opts.problems.split(","):
@@ -210,12 +210,14 @@ def main():
                     f"gs.replay {check['replay']:.1e}",
                     flush=True,
                 )
-    record = dict(
-        cases=cases, machine=platform.processor() or platform.machine(),
-        jax=jax.__version__, diffrax=diffrax.__version__,
-    )  # fmt: skip
-    pathlib.Path(opts.out).write_text(json.dumps(record, indent=1))
-    print(table(cases))
+    markdown = table(cases)
+    report.write(
+        pathlib.Path(opts.out),
+        "ceiling",
+        dict(cases=cases, environment=report.environment()),
+        markdown,
+    )
+    print(markdown)
 
 
 if __name__ == "__main__":

@@ -121,6 +121,16 @@ def adjoint_loop(
         index = first + jnp.arange(length)
         return jnp.minimum(index, mesh.max_steps - 1), index < num_steps
 
+    def segment_times(first):
+        """The start and end (internal time) of the steps `[first, first + length)`
+        and which of them were taken; steps not taken have length zero."""
+        index, valid = segment_steps(first)
+        # Gathered from the mesh directly: `mesh_steps` would first copy the whole
+        # `(max_steps + 1)`-long buffer, once per gradient.
+        e = direction * ts[index + 1]
+        s = ts[index] if mesh.step_starts is None else mesh.step_starts[index]
+        return jnp.where(valid, direction * s, e), e, valid
+
     def segment(y, dynamic, first):
         """Steps `[first, first + length)` from the state before step `first`.
 
@@ -128,12 +138,7 @@ def adjoint_loop(
         `num_steps` are skipped (zero-length, and their result discarded), so that
         every segment has the same static length.
         """
-        index, valid = segment_steps(first)
-        # Gathered from the mesh directly: `mesh_steps` would first copy the whole
-        # `(max_steps + 1)`-long buffer, once per gradient.
-        e = direction * ts[index + 1]
-        s = ts[index] if mesh.step_starts is None else mesh.step_starts[index]
-        s = jnp.where(valid, direction * s, e)
+        s, e, valid = segment_times(first)
 
         @functools.partial(jax.checkpoint, prevent_cse=False)
         def body(y, x):
@@ -165,9 +170,7 @@ def adjoint_loop(
         Those values are a contiguous run of `plan.ts` (both it and the steps are
         sorted); they are taken `SAVE_WINDOW` at a time, so that a segment costs
         what its own saves cost, whatever the total number of saves."""
-        index, _ = segment_steps(first)
-        s_all = ts[index] if mesh.step_starts is None else mesh.step_starts[index]
-        s_all, e_all = direction * s_all, direction * ts[index + 1]
+        s_all, e_all, _ = segment_times(first)
         end = jnp.minimum(first + length, num_steps)
         lo = jnp.searchsorted(layout.ts_step, first, side="left")
         hi = jnp.searchsorted(layout.ts_step, end, side="left")

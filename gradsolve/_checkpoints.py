@@ -21,12 +21,9 @@ the mesh itself.
 
 import math
 
-import equinox as eqx
-import jax
 import jax.numpy as jnp
-import jax.tree_util as jtu
 
-from ._components import equations, trajectory_struct
+from ._components import array_field_jaxpr, equations
 
 
 # Segments of this many steps for a cheap field ...
@@ -59,24 +56,15 @@ def segment_length(problem, leaves, t) -> int:
     `leaves` at time `t`: 1 for a costly vector field and a small state, else
     `CHEAP_FIELD_SEGMENT`.
 
-    The field is traced (not compiled) on arrays, with the arrays of the field and
-    its `args` as inputs, so that the decision is the same whether they are
-    constants or tracers of an enclosing `jit` or `vmap` (typed as inside a
-    sharded ensemble where it runs in one)."""
+    The field is traced, not compiled, as `array_field_jaxpr` traces it: the
+    decision is the same whether its arrays are constants or tracers of an
+    enclosing `jit` or `vmap`, and inside a sharded ensemble."""
     state_bytes = sum(jnp.size(x) * jnp.result_type(x).itemsize for x in leaves)
     if state_bytes > MAX_KEPT_STATE_BYTES:
         return CHEAP_FIELD_SEGMENT
-    dynamic, static = eqx.partition((problem.f, problem.args), eqx.is_array)
-    struct = lambda x: trajectory_struct(jnp.shape(x), jnp.result_type(x))
-
-    def field(t, leaves, dynamic):
-        f, args = eqx.combine(dynamic, static)
-        y = jtu.tree_unflatten(problem.treedef, leaves)
-        return jtu.tree_leaves(f(t, y, args))
-
-    jaxpr = jax.make_jaxpr(field)(
-        struct(t), [struct(x) for x in leaves], jtu.tree_map(struct, dynamic)
-    ).jaxpr
+    shapes = [jnp.shape(x) for x in leaves]
+    dtypes = [jnp.result_type(x) for x in leaves]
+    jaxpr = array_field_jaxpr(problem, shapes, dtypes, jnp.result_type(t))
     if _flops(jaxpr) >= COSTLY_FIELD_FLOPS:
         return 1
     return CHEAP_FIELD_SEGMENT

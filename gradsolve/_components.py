@@ -308,7 +308,7 @@ def _split_args(args):
     cotangents are accumulated per component."""
     dynamic, static = eqx.partition(args, eqx.is_array)
     leaves, treedef = jtu.tree_flatten(dynamic)
-    structs = [trajectory_struct(jnp.shape(x), jnp.result_type(x)) for x in leaves]
+    structs = [_struct_of(x) for x in leaves]
     inputs = []
     for x, st in zip(leaves, structs):
         if jnp.issubdtype(st.dtype, jnp.inexact) and 0 < x.size <= MAX_COMPONENTS:
@@ -428,34 +428,48 @@ def _primitives(jaxpr) -> set[str]:
     return {eqn.primitive.name for eqn, _ in equations(jaxpr)}
 
 
-def _operation_counts(problem, layout: Layout, time_dtype) -> tuple[int, int] | None:
-    """The operations of one evaluation of `problem`'s field on components and on
-    arrays (traced, not compiled); `None` if the field has `STRUCTURED` primitives
-    (then it is not traced on components at all).
+def _struct_of(x) -> jax.ShapeDtypeStruct:
+    return trajectory_struct(jnp.shape(x), jnp.result_type(x))
 
-    The arrays of the field and its `args` enter as inputs of the count's trace, so
-    that it is the same whether they are constants or tracers of an enclosing `jit`
-    or `vmap` (a recording and its replay decide alike)."""
+
+def array_field_jaxpr(problem, shapes, dtypes, time_dtype):
+    """The jaxpr of one evaluation of `problem`'s field (a `LeafProblem`) on a state
+    of leaves of `shapes` and `dtypes` (traced, not compiled).
+
+    The arrays of the field and its `args` enter as inputs of the trace, so that
+    it is the same whether they are constants or tracers of an enclosing `jit` or
+    `vmap` (a recording and its replay decide alike)."""
     dynamic, static = eqx.partition((problem.f, problem.args), eqx.is_array)
-    structs = jtu.tree_map(
-        lambda x: trajectory_struct(jnp.shape(x), jnp.result_type(x)), dynamic
-    )
-    t = trajectory_struct((), time_dtype)
-    leaves = [trajectory_struct(s, d) for s, d in zip(layout.shapes, layout.dtypes)]
-    comps = [trajectory_struct((), d) for s, d in zip(layout.shapes, layout.dtypes)
-             for _ in range(int(np.prod(s, dtype=int)))]  # fmt: skip
 
     def on_arrays(t, leaves, dynamic):
         f, args = eqx.combine(dynamic, static)
         return jtu.tree_leaves(f(t, jtu.tree_unflatten(problem.treedef, leaves), args))
 
+    t = trajectory_struct((), time_dtype)
+    leaves = [trajectory_struct(s, d) for s, d in zip(shapes, dtypes)]
+    structs = jtu.tree_map(_struct_of, dynamic)
+    return jax.make_jaxpr(on_arrays)(t, leaves, structs).jaxpr
+
+
+def _operation_counts(problem, layout: Layout, time_dtype) -> tuple[int, int] | None:
+    """The operations of one evaluation of `problem`'s field on components and on
+    arrays (traced, not compiled); `None` if the field has `STRUCTURED` primitives
+    (then it is not traced on components at all).
+
+    Both traces take the field's arrays as inputs (see `array_field_jaxpr`)."""
+    array_jaxpr = array_field_jaxpr(problem, layout.shapes, layout.dtypes, time_dtype)
+    if _primitives(array_jaxpr) & STRUCTURED:
+        return None
+    dynamic, static = eqx.partition((problem.f, problem.args), eqx.is_array)
+    structs = jtu.tree_map(_struct_of, dynamic)
+    t = trajectory_struct((), time_dtype)
+    comps = [trajectory_struct((), d) for s, d in zip(layout.shapes, layout.dtypes)
+             for _ in range(int(np.prod(s, dtype=int)))]  # fmt: skip
+
     def on_components(t, comps, dynamic):
         f, args = eqx.combine(dynamic, static)
         return ComponentProblem(f, args, problem.treedef, layout).vf(t, comps)
 
-    array_jaxpr = jax.make_jaxpr(on_arrays)(t, leaves, structs).jaxpr
-    if _primitives(array_jaxpr) & STRUCTURED:
-        return None
     n_comps = count_operations(jax.make_jaxpr(on_components)(t, comps, structs).jaxpr)
     return n_comps, count_operations(array_jaxpr)
 
