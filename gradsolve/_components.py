@@ -532,6 +532,23 @@ class Representation:
             return list(comps)
         return self.layout.merge(comps, batch_dims)
 
+    def carries_fsal(self, solver) -> bool:
+        """Whether a loop over the steps of `solver` carries the field at the end of
+        each step into the next (first same as last), or evaluates it again at the
+        start of the next.
+
+        On scalar components every operation of a step is elementwise, and XLA
+        fuses the whole step into one kernel per output: evaluating the field once
+        more at the start of a step costs nothing there, while a carried field is
+        one more kernel per component per step, and one more state per step kept
+        for the backward pass (a replay of Lotka-Volterra, 1,024 trajectories, 320
+        steps: the gradient 31 ms carried against 20 ms not, the forward 5.3
+        against 3.6 ms). In array form the field is made of matrix products, and the
+        carry saves one of them per step. Either way the field is evaluated on the
+        same state at the same time.
+        """
+        return solver.fsal and self.layout is None
+
     def field(self, problem, split_args=None):
         """`problem.vf` (a `LeafProblem`'s field) on this representation.
 

@@ -17,7 +17,7 @@ takes, in words, in a chunk (working arrays) + in the whole batch (results):
     mesh returned, which `gs.record_ensemble` counts once its steps are known;
 - replay: `4 S + 4 n + 4 n^2 + 8 + p`, + `(m + 3) n S` for `SaveAt(ts=...)` or
     `n S` for `SaveAt(steps=True)`; + `2 k (n + 1) + 8`;
-- gradient: `S ((1 + fsal) n + 3) + 30 n + 5 n^2 + n^3 / 4 + 8 + 3 p`, + the same for
+- gradient: `S ((1 + c) n + 3) + 30 n + 5 n^2 + n^3 / 4 + 8 + 3 p`, + the same for
     saving; + `2 (n + p)` (the cotangents of `y0` and `args`), + `(k + 1) (n + 1)`
     if `k > 1`.
 
@@ -26,8 +26,11 @@ elimination's working matrices (zero for explicit solvers; fitted on states of 8
 32 elements, where XLA's figure for a gradient grows faster than `n^2`); the
 recording's time buffer and its trimmed copy give its `2 (S + 1)`; a replay keeps
 the step times it scans over and the error ratio of every step (`4 S`); reverse mode
-keeps the state (and for FSAL solvers the field) at every step (per-step
-checkpoints) and recomputes one step's stages at a time (`30 n`).
+keeps the state at every step (per-step checkpoints), and the field too (`c = 1`)
+for an FSAL solver on a state held in array form (more than `MAX_COMPONENTS`
+elements; a smaller state whose field is costly is held in array form as well, and
+takes `n S` words more than counted), and recomputes one step's stages at a time
+(`30 n`).
 """
 
 import math
@@ -37,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
+from ._components import MAX_COMPONENTS
 from ._solver.rosenbrock import AbstractRosenbrock
 
 
@@ -141,7 +145,10 @@ def replay_footprint(
     saved = steps * ((m + 3) * n if dense else n if keep_states else 0)
     if gradient:
         jac = (5 * n * n + n**3 / 4) if implicit else 0
-        chunk = steps * ((1 + fsal) * n + 3) + saved + 30 * n + jac + 8 + 3 * p
+        # The field is carried from step to step only in array form (see
+        # `Representation.carries_fsal`); a state this small is held as components.
+        carried = fsal and n > MAX_COMPONENTS
+        chunk = steps * ((1 + carried) * n + 3) + saved + 30 * n + jac + 8 + 3 * p
         batch = 2 * (n + p) + ((saves + 1) * (n + 1) if saves > 1 else 0)
     else:
         jac = 4 * n * n if implicit else 0

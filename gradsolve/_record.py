@@ -187,6 +187,7 @@ def record_loop(
             keep_states,
             has_jumps,
             segment,
+            representation.carries_fsal(solver),
         )
     result = diffrax.RESULTS.where(
         (c["tprev"] < ti1) & (c["result"] == diffrax.RESULTS.successful),
@@ -294,6 +295,7 @@ def _xla_loop(
     keep_states,
     has_jumps,
     segment,
+    fsal,
 ):
     """The stepping loop as an XLA `while_loop`. Returns its final carry and how
     often it kept a state (`every`): every step when steps are saved, else every
@@ -326,7 +328,7 @@ def _xla_loop(
         # steps of a short solve). Unsaved values are set after the loop.
         ts_steps=jnp.zeros((num_ts,), dtype=int),
     )
-    if solver.fsal:
+    if fsal:
         carry["f_fsal"] = vf(t0, y)
     if has_jumps:
         carry["starts"] = jnp.full((max_steps,), ti0, dtype=time_dtype)

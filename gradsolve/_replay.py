@@ -99,6 +99,7 @@ def replay_one(
                 fresh = vf(direction * s, y)
                 f0 = [jnp.where(restart, a, b) for a, b in zip(fresh, f0)]
         y1, y_error, ks, f1 = solver.step_leaves(vf, s, e, direction, y, f0)
+        f1 = None if f0 is None else f1
         ratio = None
         if adaptive and sizes is not None:
             y_error = [jnp.where(jnp.isnan(x), jnp.inf, x) for x in y_error]
@@ -114,7 +115,7 @@ def replay_one(
 
     xs = (starts, ends) if mesh.restarts is None else (starts, ends, mesh.restarts)
     y0_comps = to_comps(y0)
-    f_init = vf(t_first, y0_comps) if solver.fsal else None
+    f_init = vf(t_first, y0_comps) if representation.carries_fsal(solver) else None
     (y_final, _), (ratios, states, ks) = jax.lax.scan(body, (y0_comps, f_init), xs)
     y_final = to_leaves(y_final)
     if states is not None:
