@@ -370,3 +370,60 @@ def test_minimiser_with_reverse_mode_gradient(lv_data, lv_fwd):
     )
     assert fit.result == optx.RESULTS.successful
     np.testing.assert_allclose(fit.params, lv_fwd.params, rtol=1e-5)
+
+
+def _per_evaluation_fit(y0s, ts, data, **kwargs):
+    return gs.fit(gs.ODETerm(lv.lotka_volterra), gs.Tsit5(), lv.GUESS, y0s, ts, data,
+                  stepsize_controller=lv.CONTROLLER, optimiser=lv.OPTIMISER,
+                  meshes="per_evaluation", **kwargs)  # fmt: skip
+
+
+@pytest.mark.parametrize("jac", ["fwd", "bwd"])
+def test_per_evaluation_meshes_follow_the_diffrax_fit(lv_data, jac):
+    # A mesh recorded at every evaluation: the residuals are the adaptive solve's
+    # and their derivative Diffrax's, so the optimiser takes the same steps until
+    # the loss reaches its round-off floor, where which steps round down is luck
+    # (here the Diffrax fit spends 8 more iterations there).
+    from diffrax_fit import diffrax_fit
+
+    fit = _per_evaluation_fit(*lv_data, jac=jac)
+    params, result, iterations, _ = diffrax_fit(
+        lv.lotka_volterra, lv.GUESS, *lv_data, stepsize_controller=lv.CONTROLLER,
+        optimiser=lv.OPTIMISER, jac=jac,
+    )  # fmt: skip
+    assert fit.result == optx.RESULTS.successful == result
+    assert fit.stats["iterations"] <= iterations
+    np.testing.assert_allclose(fit.params, params, rtol=lv.OPTIMISER.rtol)
+    assert fit.mesh is not None and fit.stats["residual_norm"] > 0
+
+
+def test_per_evaluation_buffer_too_short_runs_again(lv_data, monkeypatch):
+    # A buffer no longer than the initial guess's meshes: the optimiser's path
+    # needs more steps somewhere, and the fit runs again with a longer one rather
+    # than stop where the buffer ends.
+    import gradsolve._fit_program as program
+
+    reference = _per_evaluation_fit(*lv_data)
+    monkeypatch.setattr(program, "HEADROOM", 1.0)
+    monkeypatch.setattr(program, "_LENGTHS", {})
+    runs = []
+    original = program.fit_program
+    monkeypatch.setattr(
+        program, "fit_program", lambda *a: runs.append(a[6]) or original(*a)
+    )
+    fit = _per_evaluation_fit(*lv_data)
+    assert len(runs) >= 2 and runs[1] > runs[0]
+    assert fit.result == optx.RESULTS.successful
+    np.testing.assert_allclose(fit.params, reference.params, rtol=1e-10)
+
+
+def test_per_evaluation_second_fit_of_the_same_shape_compiles_nothing(lv_data):
+    y0s, ts, data = lv_data
+    _per_evaluation_fit(y0s, ts, data)
+    new_data = data * (1 + 0.01 * jnp.cos(jnp.arange(data.size).reshape(data.shape)))
+    new_y0s = y0s * 1.1
+    jax.block_until_ready((new_data, new_y0s))
+    with compiled_programs() as names:
+        fit = _per_evaluation_fit(new_y0s, ts, new_data)
+    assert fit.result == optx.RESULTS.successful
+    assert names == []

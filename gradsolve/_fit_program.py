@@ -1,0 +1,158 @@
+"""A whole fit as one compiled program: every residual evaluation records a mesh at
+its own parameters and differentiates the replay over it.
+
+The recording runs under `stop_gradient`, so the residuals are those of the adaptive
+solve and their derivative is the discrete derivative of its accepted steps, which
+is what Diffrax returns (its step-size controller is not differentiated either).
+The optimiser therefore takes the path it takes on Diffrax, iteration for
+iteration, while each Jacobian costs a recording and a replay's derivative instead
+of a differentiated adaptive solve.
+"""
+
+import math
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optimistix as optx
+
+from ._fit_problem import FitProblem
+from ._mesh import bucket_length
+
+
+@eqx.filter_jit
+def fit_program(
+    problem: FitProblem,
+    optimiser,
+    jac: str,
+    mode: str | None,
+    controller,
+    dt0,
+    length: int,
+    max_iterations: int,
+    params,
+):
+    """Run `optimiser` on the residuals, recording a mesh of at most `length` steps
+    per trajectory at every evaluation.
+
+    A recording that needs more than `length` steps (or fails) has no residuals:
+    they are replaced by huge ones, which the optimiser rejects as a step that
+    raised the loss. The caller checks the final evaluation's flag and runs again
+    with a longer buffer when it is raised.
+
+    Returns `(params, result, iterations, recorded, longest, norm)`: `recorded`
+    says the last evaluation recorded every trajectory, `longest` is its longest
+    mesh and `norm` the 2-norm of its weighted residuals.
+    """
+
+    def residuals(p, _):
+        mesh = problem.record(jax.lax.stop_gradient(p), controller, dt0, length)
+        mesh = jax.lax.stop_gradient(mesh)
+        recorded = jnp.all(mesh.result == diffrax.RESULTS.successful)
+        # A recording that stopped early ends at the last time it reached: closed
+        # at the last observation, its mesh can be replayed (its residuals are
+        # replaced below).
+        closed = mesh.ts.at[..., -1].set(problem.ts[-1])
+        mesh = eqx.tree_at(lambda m: m.ts, mesh, closed)
+        r = problem.residuals(p, mesh, mode)
+        # Noted on the host, at no cost unless it happens: the optimiser's path
+        # went through parameters whose solves the buffer cannot hold.
+        jax.lax.cond(recorded, lambda: None, lambda: jax.debug.callback(_note_overflow))
+        # Residuals far above any the fit has seen: the optimiser rejects the step
+        # as one that raised the loss. (NaN would reach its termination test,
+        # where every comparison with NaN is false.)
+        r = jnp.where(recorded, r, 1 / jnp.finfo(r.dtype).eps)
+        return r, (recorded, jnp.max(mesh.num_steps), jnp.sqrt(jnp.sum(r**2)))
+
+    if isinstance(optimiser, optx.AbstractMinimiser):
+        options = {"autodiff_mode": jac}
+    else:
+        options = {"jac": jac}
+    sol = optx.least_squares(
+        residuals,
+        optimiser,
+        params,
+        None,
+        has_aux=True,
+        options=options,
+        max_steps=max_iterations,
+        throw=False,
+    )
+    recorded, longest, norm = sol.aux
+    return sol.value, sol.result, sol.stats["num_steps"], recorded, longest, norm
+
+
+_OVERFLOWS = [0]
+
+
+def _note_overflow():
+    _OVERFLOWS[0] += 1
+
+
+# The buffer of a fit's recordings, over the longest mesh at the initial guess:
+# parameters move during a fit, and so do the steps their solves take.
+HEADROOM = 1.5
+
+# The buffer lengths earlier fits used, per problem structure: a later fit of the
+# same shape reuses a longer one (up to twice its need) rather than compile anew.
+_LENGTHS: dict = {}
+
+
+def _structure_key(problem: FitProblem, params, optimiser):
+    """What the compiled program depends on besides array values, or `None`."""
+    arrays, static = eqx.partition((problem, params, optimiser), eqx.is_array)
+    shapes = tuple((x.shape, x.dtype) for x in jax.tree_util.tree_leaves(arrays))
+    key = (jax.tree_util.tree_structure(arrays), static, shapes)
+    try:
+        hash(key)
+    except TypeError:  # an unhashable static part: no reuse across fits
+        return None
+    return key
+
+
+def buffer_length(problem, params, optimiser, longest: int, max_steps: int) -> int:
+    """The steps each recording of the fit may take: the longest mesh at the
+    initial guess with head room, bucketed, or an earlier fit's if that is at most
+    twice as long."""
+    need = bucket_length(math.ceil(HEADROOM * max(longest, 1)), max_steps)
+    key = _structure_key(problem, params, optimiser)
+    earlier = None if key is None else _LENGTHS.get(key)
+    if earlier is not None and need <= earlier <= 2 * need:
+        return earlier
+    return need
+
+
+def remember_length(problem, params, optimiser, length: int):
+    key = _structure_key(problem, params, optimiser)
+    if key is not None:
+        _LENGTHS[key] = max(length, _LENGTHS.get(key, 0))
+
+
+def fit_per_evaluation(
+    problem, params, optimiser, jac, mode, controller, dt0, max_steps,
+    max_iterations, first_mesh,
+):  # fmt: skip
+    """`gs.fit` with a mesh recorded at every evaluation (one compiled program),
+    from the trimmed mesh `first_mesh` recorded at the initial guess.
+
+    Returns `(params, result, iterations, longest, residual_norm)`, `longest` the
+    most steps of a trajectory in the last evaluation."""
+    longest = int(np.max(np.asarray(first_mesh.num_steps), initial=0))
+    length = buffer_length(problem, params, optimiser, longest, max_steps)
+    while True:
+        _OVERFLOWS[0] = 0
+        value, result, iterations, recorded, longest, norm = fit_program(
+            problem, optimiser, jac, mode, controller, dt0, length, max_iterations,
+            params,
+        )  # fmt: skip
+        jax.effects_barrier()  # every noted overflow has reached the host
+        if (bool(recorded) and not _OVERFLOWS[0]) or length >= max_steps:
+            break
+        # The answer's solves need more steps than the buffer holds.
+        length = bucket_length(2 * length, max_steps)
+    remember_length(problem, params, optimiser, length)
+    if not bool(recorded):
+        result = optx.RESULTS.nonlinear_divergence
+    return value, result, int(iterations), int(longest), float(norm)
