@@ -68,7 +68,7 @@ def make_data(n: int, num_times: int = 20, noise: float = 0.05, seed: int = 0):
     return y0s, ts, data
 
 
-def fit_gradsolve(y0s, ts, data, jac):
+def fit_gradsolve(y0s, ts, data, jac, meshes="reused"):
     return gs.fit(
         gs.ODETerm(lotka_volterra),
         gs.Tsit5(),
@@ -79,6 +79,7 @@ def fit_gradsolve(y0s, ts, data, jac):
         stepsize_controller=CONTROLLER,
         optimiser=OPTIMISER,
         jac=jac,
+        meshes=meshes,
     )
 
 
