@@ -15,7 +15,7 @@ from jaxtyping import PyTree
 
 from ._fit_convergence import gauss_newton_refine, tolerances
 from ._fit_problem import FitProblem, make_problem
-from ._fit_program import fit_per_evaluation
+from ._fit_program import fit_per_evaluation, optimiser_options
 from ._mesh import RecordedMesh
 
 
@@ -75,16 +75,12 @@ def _round(problem: FitProblem, optimiser, jac, mode, max_iterations, params, me
     def residuals(p, mesh):
         return problem.residuals(p, mesh, mode)
 
-    if isinstance(optimiser, optx.AbstractMinimiser):
-        options = {"autodiff_mode": jac}
-    else:
-        options = {"jac": jac}
     sol = optx.least_squares(
         residuals,
         optimiser,
         params,
         mesh,
-        options=options,
+        options=optimiser_options(optimiser, jac),
         max_steps=max_iterations,
         throw=False,
     )

@@ -22,6 +22,13 @@ from ._fit_problem import FitProblem
 from ._mesh import bucket_length
 
 
+def optimiser_options(optimiser, jac: str) -> dict:
+    """Optimistix's option for how `optimiser` differentiates the residuals."""
+    if isinstance(optimiser, optx.AbstractMinimiser):
+        return {"autodiff_mode": jac}
+    return {"jac": jac}
+
+
 @eqx.filter_jit
 def fit_program(
     problem: FitProblem,
@@ -66,17 +73,13 @@ def fit_program(
         r = jnp.where(recorded, r, 1 / jnp.finfo(r.dtype).eps)
         return r, (recorded, jnp.max(mesh.num_steps), jnp.sqrt(jnp.sum(r**2)))
 
-    if isinstance(optimiser, optx.AbstractMinimiser):
-        options = {"autodiff_mode": jac}
-    else:
-        options = {"jac": jac}
     sol = optx.least_squares(
         residuals,
         optimiser,
         params,
         None,
         has_aux=True,
-        options=options,
+        options=optimiser_options(optimiser, jac),
         max_steps=max_iterations,
         throw=False,
     )
