@@ -15,8 +15,10 @@ takes, in words, in a chunk (working arrays) + in the whole batch (results):
 
 - record with a buffer of `S` steps: `2 (S + 1) + 6 n + 4 n^2 + 8 + p`, + the
     mesh returned, which `gs.record_ensemble` counts once its steps are known;
-- replay: `4 S + 4 n + 4 n^2 + 8 + p`, + `(m + 3) n S` for `SaveAt(ts=...)` or
-    `n S` for `SaveAt(steps=True)`; + `2 k (n + 1) + 8`;
+- replay: `4 S + 4 n + 4 n^2 + 8 + p`, + `(m + 3) n S` for `SaveAt(ts=...)`
+    (`n S + (m + 2) n k` for a state held as components, which keeps only the
+    states and computes the stages of the save times' steps again) or `n S` for
+    `SaveAt(steps=True)`; + `2 k (n + 1) + 8`;
 - gradient: `S ((1 + c) n + 3) + 30 n + 5 n^2 + n^3 / 4 + 8 + 3 p`, + the same for
     saving; + `2 (n + p)` (the cotangents of `y0` and `args`), + `(k + 1) (n + 1)`
     if `k > 1`.
@@ -142,12 +144,18 @@ def replay_footprint(
     `gradient`."""
     n, p = _elements(y0), 0 if args is None else _elements(args)
     m, fsal, implicit = _solver_terms(solver)
-    saved = steps * ((m + 3) * n if dense else n if keep_states else 0)
+    # A state this small is held as components (see `choose_layout`): the field is
+    # not carried from step to step (`Representation.carries_fsal`), and
+    # `SaveAt(ts=...)` keeps the states only, computing the stages of the save
+    # times' steps again after the scan (`_replay.values_at_saves`).
+    components = n <= MAX_COMPONENTS
+    if dense and components:
+        saved = steps * n + saves * (m + 2) * n
+    else:
+        saved = steps * ((m + 3) * n if dense else n if keep_states else 0)
     if gradient:
         jac = (5 * n * n + n**3 / 4) if implicit else 0
-        # The field is carried from step to step only in array form (see
-        # `Representation.carries_fsal`); a state this small is held as components.
-        carried = fsal and n > MAX_COMPONENTS
+        carried = fsal and not components
         chunk = steps * ((1 + carried) * n + 3) + saved + 30 * n + jac + 8 + 3 * p
         batch = 2 * (n + p) + ((saves + 1) * (n + 1) if saves > 1 else 0)
     else:
