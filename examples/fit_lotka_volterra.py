@@ -68,7 +68,7 @@ def make_data(n: int, num_times: int = 20, noise: float = 0.05, seed: int = 0):
     return y0s, ts, data
 
 
-def fit_gradsolve(y0s, ts, data, jac, meshes="reused"):
+def fit_gradsolve(y0s, ts, data, jac, meshes="auto"):
     return gs.fit(
         gs.ODETerm(lotka_volterra),
         gs.Tsit5(),

@@ -22,6 +22,15 @@ from ._fit_problem import FitProblem
 from ._mesh import bucket_length
 
 
+def _closed(problem: FitProblem, mesh):
+    """Whether every trajectory's recording reached the last observation, and the
+    mesh closed there: a recording that stopped early ends at the last time it
+    reached, and closed it can be replayed (to values the caller discards)."""
+    recorded = jnp.all(mesh.result == diffrax.RESULTS.successful)
+    closed = mesh.ts.at[..., -1].set(problem.ts[-1])
+    return recorded, eqx.tree_at(lambda m: m.ts, mesh, closed)
+
+
 def optimiser_options(optimiser, jac: str) -> dict:
     """Optimistix's option for how `optimiser` differentiates the residuals."""
     if isinstance(optimiser, optx.AbstractMinimiser):
@@ -44,34 +53,29 @@ def fit_program(
     """Run `optimiser` on the residuals, recording a mesh of at most `length` steps
     per trajectory at every evaluation.
 
-    A recording that needs more than `length` steps (or fails) has no residuals:
-    they are replaced by huge ones, which the optimiser rejects as a step that
-    raised the loss. The caller checks the final evaluation's flag and runs again
-    with a longer buffer when it is raised.
+    A recording that fails (for want of steps or otherwise) has no residuals: they
+    are replaced by huge ones, which the optimiser rejects as a step that raised
+    the loss. One that needs more than `length` steps is also noted on the host
+    (`_note_overflow`), and the caller then runs again with a longer buffer.
 
-    Returns `(params, result, iterations, recorded, longest, norm)`: `recorded`
-    says the last evaluation recorded every trajectory, `longest` is its longest
-    mesh and `norm` the 2-norm of its weighted residuals.
+    Returns `(params, result, iterations, residual_norm)`, the norm that of the
+    weighted residuals at `params`.
     """
 
     def residuals(p, _):
         mesh = problem.record(jax.lax.stop_gradient(p), controller, dt0, length)
         mesh = jax.lax.stop_gradient(mesh)
-        recorded = jnp.all(mesh.result == diffrax.RESULTS.successful)
-        # A recording that stopped early ends at the last time it reached: closed
-        # at the last observation, its mesh can be replayed (its residuals are
-        # replaced below).
-        closed = mesh.ts.at[..., -1].set(problem.ts[-1])
-        mesh = eqx.tree_at(lambda m: m.ts, mesh, closed)
+        recorded, mesh = _closed(problem, mesh)
         r = problem.residuals(p, mesh, mode)
         # Noted on the host, at no cost unless it happens: the optimiser's path
         # went through parameters whose solves the buffer cannot hold.
-        jax.lax.cond(recorded, lambda: None, lambda: jax.debug.callback(_note_overflow))
+        short = jnp.any(mesh.result == diffrax.RESULTS.max_steps_reached)
+        jax.lax.cond(short, lambda: jax.debug.callback(_note_overflow), lambda: None)
         # Residuals far above any the fit has seen: the optimiser rejects the step
         # as one that raised the loss. (NaN would reach its termination test,
         # where every comparison with NaN is false.)
         r = jnp.where(recorded, r, 1 / jnp.finfo(r.dtype).eps)
-        return r, (recorded, jnp.max(mesh.num_steps), jnp.sqrt(jnp.sum(r**2)))
+        return r, jnp.sqrt(jnp.sum(r**2))
 
     sol = optx.least_squares(
         residuals,
@@ -83,8 +87,7 @@ def fit_program(
         max_steps=max_iterations,
         throw=False,
     )
-    recorded, longest, norm = sol.aux
-    return sol.value, sol.result, sol.stats["num_steps"], recorded, longest, norm
+    return sol.value, sol.result, sol.stats["num_steps"], sol.aux
 
 
 _OVERFLOWS = [0]
@@ -97,6 +100,9 @@ def _note_overflow():
 # The buffer of a fit's recordings, over the longest mesh at the initial guess:
 # parameters move during a fit, and so do the steps their solves take.
 HEADROOM = 1.5
+
+# The most times a fit runs again with a buffer twice as long (each compiles anew).
+RERUNS = 2
 
 # The buffer lengths earlier fits used, per problem structure: a later fit of the
 # same shape reuses a longer one (up to twice its need) rather than compile anew.
@@ -140,22 +146,25 @@ def fit_per_evaluation(
     """`gs.fit` with a mesh recorded at every evaluation (one compiled program),
     from the trimmed mesh `first_mesh` recorded at the initial guess.
 
-    Returns `(params, result, iterations, longest, residual_norm)`, `longest` the
-    most steps of a trajectory in the last evaluation."""
+    Returns `(params, result, iterations, residual_norm)`, or `None` when the
+    optimiser's path still needs more steps than a buffer of `RERUNS` doublings
+    holds (trial points whose solves take many steps): the caller then fits with
+    reused meshes, which records only where the optimiser lands.
+    """
     longest = int(np.max(np.asarray(first_mesh.num_steps), initial=0))
     length = buffer_length(problem, params, optimiser, longest, max_steps)
-    while True:
+    for _ in range(RERUNS + 1):
         _OVERFLOWS[0] = 0
-        value, result, iterations, recorded, longest, norm = fit_program(
+        value, result, iterations, norm = fit_program(
             problem, optimiser, jac, mode, controller, dt0, length, max_iterations,
             params,
         )  # fmt: skip
         jax.effects_barrier()  # every noted overflow has reached the host
-        if (bool(recorded) and not _OVERFLOWS[0]) or length >= max_steps:
+        if not _OVERFLOWS[0]:
+            remember_length(problem, params, optimiser, length)
+            return value, result, int(iterations), float(norm)
+        if length >= max_steps:
             break
-        # The answer's solves need more steps than the buffer holds.
+        # The optimiser's path needs more steps than the buffer holds.
         length = bucket_length(2 * length, max_steps)
-    remember_length(problem, params, optimiser, length)
-    if not bool(recorded):
-        result = optx.RESULTS.nonlinear_divergence
-    return value, result, int(iterations), int(longest), float(norm)
+    return None
