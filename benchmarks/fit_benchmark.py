@@ -1,20 +1,24 @@
 """`gs.fit` against the same Optimistix fit with Diffrax gradients, side by side.
 
     python benchmarks/fit_benchmark.py              # Lotka-Volterra, 64 experiments
+    python benchmarks/fit_benchmark.py --problems fitzhugh_nagumo,robertson --n 32
     python benchmarks/fit_benchmark.py --n 16 --repeats 3
 
-The problem is that of `examples/fit_lotka_volterra.py`: 64 experiments, 20 times,
-5% noise, four shared parameters, Levenberg-Marquardt at rtol = atol = 1e-8,
-Tsit5 at rtol = atol = 1e-8. Both fits assemble the Jacobian from the same
-per-trajectory blocks (`examples/diffrax_fit.py`); they differ only in how the ODE
-is solved and differentiated: gs.fit replays recorded meshes, the reference solves
-adaptively with `diffrax.diffeqsolve` (vmapped, compiled once) at every iteration.
-gs.fit runs both ways with its meshes: `meshes="reused"` (rounds of optimiser runs
-over recorded meshes) and `meshes="per_evaluation"` (one program, a mesh recorded
-at every evaluation). For each `jac` mode, the first call of each fit (compilation
-included) is timed alone, then the fits run alternately `--repeats` times; the
-table reports the minimum and median of those runs and the first call.
-Writes `benchmarks/results/fit_benchmark.json` and prints a markdown table.
+The problems are in `fit_problems.py`: Lotka-Volterra (`examples/fit_lotka_volterra.py`:
+20 times, 5% noise, four shared parameters), FitzHugh-Nagumo observing the voltage
+only, and Robertson's stiff kinetics (`examples/fit_robertson.py`, `gs.Rodas5`
+against Diffrax's `Kvaerno5`); all with Levenberg-Marquardt at rtol = atol = 1e-8,
+float64. Both fits assemble the Jacobian from the same per-trajectory blocks
+(`examples/diffrax_fit.py`); they differ only in how the ODE is solved and
+differentiated: gs.fit replays recorded meshes, the reference solves adaptively
+with `diffrax.diffeqsolve` (vmapped, compiled once) at every iteration. gs.fit runs
+both ways with its meshes: `meshes="reused"` (rounds of optimiser runs over recorded
+meshes) and `meshes="per_evaluation"` (one program, a mesh recorded at every
+evaluation). For each problem and `jac` mode, the first call of each fit
+(compilation included) is timed alone, then the fits run alternately `--repeats`
+times; the table reports the minimum and median of those runs and the first call.
+Writes `benchmarks/results/fit_benchmark.json` and prints a markdown table per
+problem.
 """
 
 import argparse
@@ -33,21 +37,21 @@ jax.config.update("jax_enable_x64", True)
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
-import fit_lotka_volterra as lv  # noqa: E402
 import numpy as np  # noqa: E402
 import optimistix as optx  # noqa: E402
+from fit_problems import CASES  # noqa: E402
 
 
-def _gs(y0s, ts, data, jac, meshes="reused"):
+def _gs(case, y0s, ts, data, jac, meshes):
     start = time.perf_counter()
-    fit = lv.fit_gradsolve(y0s, ts, data, jac, meshes)  # host values: synchronised
+    fit = case.gradsolve(y0s, ts, data, jac, meshes)  # host values: synchronised
     seconds = time.perf_counter() - start
     ok = fit.result == optx.RESULTS.successful
     return np.asarray(fit.params), bool(ok), fit.stats["iterations"], seconds
 
 
-def _diffrax(y0s, ts, data, jac):
-    params, result, iterations, seconds = lv.fit_diffrax(y0s, ts, data, jac)
+def _diffrax(case, y0s, ts, data, jac):
+    params, result, iterations, seconds = case.diffrax(y0s, ts, data, jac)
     ok = result == optx.RESULTS.successful
     return np.asarray(params), bool(ok), iterations, seconds
 
@@ -55,21 +59,21 @@ def _diffrax(y0s, ts, data, jac):
 # gs.fit's two ways with its meshes (the `meshes` argument), and the reference.
 GRADSOLVE = {"gradsolve": "reused", "gradsolve per evaluation": "per_evaluation"}
 FITS = {
-    "gradsolve": _gs,
+    "gradsolve": lambda *a: _gs(*a, meshes="reused"),
     "gradsolve per evaluation": lambda *a: _gs(*a, meshes="per_evaluation"),
     "diffrax": _diffrax,
 }
 
 
-def run(n: int, repeats: int, jacs) -> dict:
-    y0s, ts, data = lv.make_data(n)
+def run(case, n: int, repeats: int, jacs) -> dict:
+    y0s, ts, data = case.make_data(n)
     rows = {}
     for jac in jacs:
-        first = {name: fit(y0s, ts, data, jac) for name, fit in FITS.items()}
+        first = {name: fit(case, y0s, ts, data, jac) for name, fit in FITS.items()}
         times = {name: [] for name in FITS}
         for _ in range(repeats):  # interleaved: all see the same machine load
             for name, f in FITS.items():
-                params, ok, iterations, seconds = f(y0s, ts, data, jac)
+                params, ok, iterations, seconds = f(case, y0s, ts, data, jac)
                 times[name].append(seconds)
         row = {}
         for name in FITS:
@@ -95,7 +99,7 @@ def run(n: int, repeats: int, jacs) -> dict:
             )
         rows[jac] = row
     return dict(
-        problem="Lotka-Volterra",
+        problem=case.name,
         experiments=n,
         times=int(ts.shape[0]),
         repeats=repeats,
@@ -107,7 +111,7 @@ def run(n: int, repeats: int, jacs) -> dict:
 
 def table(out: dict) -> str:
     lines = [
-        f"Lotka-Volterra, {out['experiments']} experiments x {out['times']} times, "
+        f"{out['problem']}, {out['experiments']} experiments x {out['times']} times, "
         f"{out['repeats']} interleaved repeats (ms; compile in s)",
         "",
         "| jac | meshes | gs.fit min | gs.fit median | Diffrax min | Diffrax median "
@@ -133,6 +137,11 @@ def table(out: dict) -> str:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--problems",
+        default="lotka_volterra",
+        help=f"comma-separated, of {', '.join(CASES)}",
+    )
     parser.add_argument("--n", type=int, default=64, help="number of experiments")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--jac", choices=["fwd", "bwd", "both"], default="both")
@@ -141,11 +150,13 @@ def main():
     )
     args = parser.parse_args()
     jacs = ("fwd", "bwd") if args.jac == "both" else (args.jac,)
-    out = run(args.n, args.repeats, jacs)
+    outs = []
+    for name in args.problems.split(","):
+        outs.append(run(CASES[name], args.n, args.repeats, jacs))
+        print(table(outs[-1]) + "\n", flush=True)
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(args.out).write_text(json.dumps(out, indent=1))
-    print(table(out))
-    print(f"\nwritten: {args.out}")
+    pathlib.Path(args.out).write_text(json.dumps(outs, indent=1))
+    print(f"written: {args.out}")
 
 
 if __name__ == "__main__":

@@ -15,10 +15,15 @@ import time
 import diffrax
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import optimistix as optx
 
 # gs.fit's Jacobian assembly and its choice of block mode:
 from gradsolve._fit_jacobian import block_mode, ensemble_residuals
+
+
+def _state(y, params):
+    return y
 
 
 def diffrax_fit(
@@ -34,13 +39,22 @@ def diffrax_fit(
     t0=0.0,
     max_steps=4096,
     max_iterations=256,
+    solver=diffrax.Tsit5(),
+    observe=None,
+    weights=None,
 ):
     """Fit shared parameters `params` of `dy/dt = f(t, y, params)` to `data[i, j] ~
-    y_i(ts[j])`, every iteration solving with Diffrax. Returns `(params, result,
-    iterations, seconds)`; the time includes compilation (call twice to exclude it).
+    observe(y_i(ts[j]), params)` (default: the state), with residuals scaled by
+    `sqrt(weights)` (default 1), every iteration solving with Diffrax's `solver`.
+    Returns `(params, result, iterations, seconds)`; the time includes compilation
+    (call twice to exclude it).
     """
     start = time.perf_counter()
     term = diffrax.ODETerm(f)
+    observe = _state if observe is None else observe
+    sqrt_weights = jnp.sqrt(
+        jnp.broadcast_to(1.0 if weights is None else weights, data.shape)
+    )
 
     mode = block_mode(data[0].size, params0, None)
     adjoint = (
@@ -55,11 +69,14 @@ def diffrax_fit(
         mode,
         max_steps,
         max_iterations,
+        solver,
+        observe,
         params0,
         y0s,
         t0,
         ts,
         data,
+        sqrt_weights,
     )
     params = jax.block_until_ready(sol.value)
     seconds = time.perf_counter() - start
@@ -68,13 +85,13 @@ def diffrax_fit(
 
 @eqx.filter_jit
 def _solve(
-    term, controller, optimiser, adjoint, jac, mode, max_steps, max_iterations, params0,
-    y0s, t0, ts, data,
+    term, controller, optimiser, adjoint, jac, mode, max_steps, max_iterations, solver,
+    observe, params0, y0s, t0, ts, data, sqrt_weights,
 ):  # fmt: skip
-    def one(params, y0, data_i):
+    def one(params, y0, data_i, sqrt_w):
         sol = diffrax.diffeqsolve(
             term,
-            diffrax.Tsit5(),
+            solver,
             t0,
             ts[-1],
             None,
@@ -85,11 +102,13 @@ def _solve(
             adjoint=adjoint,
             max_steps=max_steps,
         )
-        return sol.ys - data_i
+        obs = jax.vmap(lambda y: observe(y, params))(sol.ys)
+        return sqrt_w * (obs - data_i)
 
     def residuals(params, _):
+        inputs = (y0s, data, sqrt_weights)
         return ensemble_residuals(
-            params, fn=one, in_axes=None, inputs=(y0s, data), mode=mode
+            params, fn=one, in_axes=None, inputs=inputs, mode=mode
         )
 
     if isinstance(optimiser, optx.AbstractMinimiser):
