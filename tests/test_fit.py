@@ -27,6 +27,10 @@ sys.path.insert(0, str(EXAMPLES))
 import fit_lotka_volterra as lv  # noqa: E402
 
 
+sys.path.insert(0, str(EXAMPLES.parent / "benchmarks"))
+import fit_problems as fhn  # noqa: E402  (FitzHugh-Nagumo, as benchmarked)
+
+
 # A fit replays meshes at parameters where they are stale on purpose (it checks the
 # error ratio itself): no fit may warn about it.
 pytestmark = pytest.mark.filterwarnings("error::gradsolve.StaleMeshWarning")
@@ -114,47 +118,22 @@ def test_matches_a_fit_with_diffrax_gradients(lv_data, lv_fwd):
     np.testing.assert_allclose(lv_fwd.params, params, rtol=1e-6)
 
 
-def fitzhugh_nagumo(t, y, p):
-    # Ramsay et al. (2007), "Parameter estimation for differential equations", eq. (2).
-    a, b, c = p
-    v, w = y
-    return jnp.stack([c * (v - v**3 / 3 + w), -(v - a + b * w) / c])
-
-
 def test_fitzhugh_nagumo_observing_one_component():
-    true = jnp.array([0.2, 0.2, 3.0])
-    key_y0, key_noise = jax.random.split(jax.random.PRNGKey(1))
-    y0s = jax.random.uniform(key_y0, (8, 2), minval=-1.0, maxval=1.0)
-    ts = jnp.linspace(0.5, 10.0, 25)
-
-    def simulate(y0):
-        return diffrax.diffeqsolve(
-            diffrax.ODETerm(fitzhugh_nagumo),
-            diffrax.Dopri8(),
-            0.0,
-            10.0,
-            None,
-            y0,
-            true,
-            saveat=diffrax.SaveAt(ts=ts),
-            stepsize_controller=diffrax.PIDController(rtol=1e-11, atol=1e-11),
-        ).ys[:, :1]
-
-    clean = jax.vmap(simulate)(y0s)
-    data = clean + 0.02 * jax.random.normal(key_noise, clean.shape)
+    y0s, ts, data = fhn.fitzhugh_nagumo_data(8, seed=1)
     fit = gs.fit(
-        gs.ODETerm(fitzhugh_nagumo),
+        gs.ODETerm(fhn.fitzhugh_nagumo),
         gs.Tsit5(),
-        jnp.array([0.25, 0.15, 2.7]),
+        fhn.FHN_GUESS,
         y0s,
         ts,
         data,
-        observe=lambda y, p: y[:1],  # only the voltage is measured
+        observe=fhn.voltage,  # only the voltage is measured
     )
     assert fit.result == optx.RESULTS.successful
-    np.testing.assert_allclose(fit.params, true, rtol=0.05, atol=0.01)
+    np.testing.assert_allclose(fit.params, fhn.FHN_TRUE, rtol=0.05, atol=0.01)
     # The mesh returned was recorded at the answer: fresh there.
-    sol = gs.replay(fit.mesh, gs.ODETerm(fitzhugh_nagumo), gs.Tsit5(), y0s, fit.params)
+    term = gs.ODETerm(fhn.fitzhugh_nagumo)
+    sol = gs.replay(fit.mesh, term, gs.Tsit5(), y0s, fit.params)
     assert float(jnp.max(sol.stats["max_error_ratio"])) <= 1
 
 
