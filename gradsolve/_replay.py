@@ -57,6 +57,10 @@ def values_at_saves(solver, vf, starts, ends, direction, theta, before, after):
 
     def value(s, e, th, y0, y1):
         _, _, ks, _ = solver.step_leaves(vf, s, e, direction, y0, None)
+        # The stages computed once: fused into the interpolation, they were
+        # computed again for every component and tangent of every value
+        # (FitzHugh-Nagumo's fit: 0.88x -> 1.0x the Diffrax fit).
+        ks = jax.lax.optimization_barrier(ks)
         return combine(weights(th), y0, y1, ks)
 
     return jax.vmap(value)(starts, ends, theta, before, after)
