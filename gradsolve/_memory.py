@@ -146,10 +146,10 @@ def replay_footprint(
     m, fsal, implicit = _solver_terms(solver)
     # A state this small is held as components (see `choose_layout`): the field is
     # not carried from step to step (`Representation.carries_fsal`), and
-    # `SaveAt(ts=...)` keeps the states only, computing the stages of the save
-    # times' steps again after the scan (`_replay.values_at_saves`).
+    # with an explicit solver `SaveAt(ts=...)` keeps the states only, computing the
+    # stages of the save times' steps again after the scan (`values_at_saves`).
     components = n <= MAX_COMPONENTS
-    if dense and components:
+    if dense and components and not implicit:
         saved = steps * n + saves * (m + 2) * n
     else:
         saved = steps * ((m + 3) * n if dense else n if keep_states else 0)
