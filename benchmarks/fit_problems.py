@@ -124,10 +124,5 @@ CASES = {
     "fitzhugh_nagumo": FitCase(
         "fitzhugh_nagumo", fitzhugh_nagumo_data, _fhn_gradsolve, _fhn_diffrax
     ),
-    # A Rosenbrock solver fits with reused meshes (gs.fit's default there): with a
-    # mesh recorded at every evaluation its program had not finished compiling
-    # and running after 10 minutes (2 experiments, 2026-12-02).
-    "robertson": FitCase(
-        "robertson", _rob_data, _rob_gradsolve, _rob_diffrax, meshes=("reused",)
-    ),
+    "robertson": FitCase("robertson", _rob_data, _rob_gradsolve, _rob_diffrax),
 }

@@ -121,22 +121,15 @@ def _structure_key(problem: FitProblem, params, optimiser):
     return key
 
 
-def buffer_length(problem, params, optimiser, longest: int, max_steps: int) -> int:
+def buffer_length(key, longest: int, max_steps: int) -> int:
     """The steps each recording of the fit may take: the longest mesh at the
-    initial guess with head room, bucketed, or an earlier fit's if that is at most
-    twice as long."""
+    initial guess with head room, bucketed, or an earlier fit's (of the structure
+    `key`) if that is at most twice as long."""
     need = bucket_length(math.ceil(HEADROOM * max(longest, 1)), max_steps)
-    key = _structure_key(problem, params, optimiser)
     earlier = None if key is None else _LENGTHS.get(key)
     if earlier is not None and need <= earlier <= 2 * need:
         return earlier
     return need
-
-
-def remember_length(problem, params, optimiser, length: int):
-    key = _structure_key(problem, params, optimiser)
-    if key is not None:
-        _LENGTHS[key] = max(length, _LENGTHS.get(key, 0))
 
 
 def fit_per_evaluation(
@@ -151,8 +144,9 @@ def fit_per_evaluation(
     holds (trial points whose solves take many steps): the caller then fits with
     reused meshes, which records only where the optimiser lands.
     """
+    key = _structure_key(problem, params, optimiser)
     longest = int(np.max(np.asarray(first_mesh.num_steps), initial=0))
-    length = buffer_length(problem, params, optimiser, longest, max_steps)
+    length = buffer_length(key, longest, max_steps)
     for _ in range(RERUNS + 1):
         _OVERFLOWS[0] = 0
         value, result, iterations, norm = fit_program(
@@ -161,7 +155,8 @@ def fit_per_evaluation(
         )  # fmt: skip
         jax.effects_barrier()  # every noted overflow has reached the host
         if not _OVERFLOWS[0]:
-            remember_length(problem, params, optimiser, length)
+            if key is not None:
+                _LENGTHS[key] = max(length, _LENGTHS.get(key, 0))
             return value, result, int(iterations), float(norm)
         if length >= max_steps:
             break
