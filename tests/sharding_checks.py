@@ -199,7 +199,12 @@ def check_chunked(out, n, k):
             lambda ps: replay_loss(mesh, y0s, ps, sharding, ensemble=True), has_aux=True
         )
     )
-    out[f"replay_ensemble_n{n}_d{k}"] = identical(chunked(ps), want)
+    # Values at SaveAt(ts) are interpolated from stages computed for the chunk's
+    # batch, which XLA may round differently: equal to round-off, as documented.
+    got = chunked(ps)
+    out[f"replay_ensemble_rel_n{n}_d{k}"] = max(
+        relative(a, b) for a, b in zip(jtu.tree_leaves(got), jtu.tree_leaves(want))
+    )
 
 
 def check_fit(out, n, k):

@@ -267,7 +267,7 @@ def _sweep(budget: int) -> list[dict]:
     (Rodas5's gradient, slow on CPU, up to 256 MiB, with twice the trajectories of
     Tsit5's: its estimate per trajectory is smaller)."""
     cases = [
-        dict(path="gradient", n=128 * budget),
+        dict(path="gradient", n=176 * budget),
         dict(path="replay", n=384 * budget),
         dict(path="record", n=256 * budget),
         # Beyond the first buffer's 512 steps: recorded again in parts.
