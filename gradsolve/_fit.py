@@ -195,16 +195,17 @@ def fit(
     - `optimiser`: an `optimistix.AbstractLeastSquaresSolver` (`LevenbergMarquardt`,
         `GaussNewton`, `Dogleg`, ...) or an `optimistix.AbstractMinimiser` (`BFGS`,
         ...), which then minimises the sum of squared residuals.
-    - `jac`: `"fwd"` or `"bwd"`: how Optimistix differentiates the residuals
-        (least squares: `jax.linearize` or a materialised `jax.jacrev`; minimisers:
-        the autodiff mode of the gradient). For least squares the Jacobian is
-        assembled from per-trajectory blocks, each computed by differentiating that
-        trajectory's replay in the mode that needs fewer passes (forward mode when a
-        trajectory has more residuals than entries of the fit variable it depends on,
-        as in most fits), so both give the same Jacobian at nearly the same cost;
-        `"bwd"` adds the materialisation (cost: residuals squared times
-        parameters). A minimiser with `"bwd"` gets its gradient from one reverse
-        pass through the replay, the cheapest choice for many parameters.
+    - `jac`: `"fwd"` or `"bwd"`, Optimistix's option: for minimisers the autodiff
+        mode of the gradient (`"bwd"`: one reverse pass through the replay, the
+        cheapest choice for many parameters). For least squares both give the same
+        Jacobian, assembled from per-trajectory blocks, each computed by
+        differentiating that trajectory's replay in the mode that needs fewer
+        passes (forward mode when a trajectory has more residuals than entries of
+        the fit variable it depends on, as in most fits); Optimistix is then given
+        the direction that materialises the assembled Jacobian in fewer passes
+        (`"fwd"` when the fit variable has fewer entries than there are residuals),
+        whichever `jac` says: Optimistix's `"bwd"` pulls back one cotangent per
+        residual, a cost of residuals squared times parameters.
     - `observe`: `observe(y, params) -> array`, what is measured of a state (with
         that trajectory's parameters); default: the state itself.
     - `weights`: optional non-negative weights broadcastable to `data`'s shape; the
@@ -229,9 +230,9 @@ def fit(
         on. Every device records, replays and differentiates its own experiments;
         the optimiser's reductions over all residuals cross devices.
 
-    - `meshes`: `"auto"` (the default: `"per_evaluation"` with `jac="fwd"` and an
-        explicit solver, the faster way on the Lotka-Volterra benchmark; `"reused"`
-        otherwise), `"reused"` (the rounds above) or `"per_evaluation"`: the whole fit
+    - `meshes`: `"auto"` (the default: `"per_evaluation"` with an explicit solver
+        and a least-squares optimiser or `jac="fwd"`, the faster way on the
+        Lotka-Volterra benchmark; `"reused"` otherwise), `"reused"` (the rounds above) or `"per_evaluation"`: the whole fit
         as one compiled program in which every evaluation of the residuals records
         the ensemble at its own parameters (under `stop_gradient`) and
         differentiates the replay over that mesh. The optimiser then takes the
@@ -258,7 +259,8 @@ def fit(
         )
     if meshes == "auto":
         explicit = not isinstance(solver, AbstractRosenbrock)
-        meshes = "per_evaluation" if jac == "fwd" and explicit else "reused"
+        jacobian = jac == "fwd" or isinstance(optimiser, optx.AbstractLeastSquaresSolver)
+        meshes = "per_evaluation" if jacobian and explicit else "reused"
     if jac not in ("fwd", "bwd"):
         raise ValueError(f'jac must be "fwd" or "bwd"; got {jac!r}.')
     if not isinstance(
@@ -318,6 +320,12 @@ def fit(
         isinstance(optimiser, optx.AbstractMinimiser) and jac == "bwd"
     ):
         mode = problem.block_mode(params)
+        if isinstance(optimiser, optx.AbstractLeastSquaresSolver):
+            # Assembled from the blocks, the Jacobian has the same entries either
+            # way; Optimistix's `"bwd"` materialises it with one cotangent per
+            # residual (2,560 passes over the blocks for Lotka-Volterra's 4
+            # parameters), `"fwd"` with one tangent per parameter.
+            jac = problem.materialise_mode(params)
     outcome = None
     if meshes == "per_evaluation" and mesh is not None:
         outcome = fit_per_evaluation(

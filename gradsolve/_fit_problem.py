@@ -147,6 +147,13 @@ class FitProblem(eqx.Module):
         """The cheaper mode of one trajectory's Jacobian block (on the host)."""
         return block_mode(math.prod(self.data.shape[1:]), params, self.in_axes)
 
+    def materialise_mode(self, params) -> str:
+        """The cheaper way to materialise the assembled Jacobian of all residuals:
+        `"fwd"` (one tangent per entry of the fit variable) or `"bwd"` (one
+        cotangent per residual). From shapes only."""
+        size = sum(math.prod(jnp.shape(x)) for x in jtu.tree_leaves(params))
+        return "fwd" if size <= math.prod(self.data.shape) else "bwd"
+
 
 def _per_trajectory_leaves(params_axes, theta) -> list:
     """The leaves of `theta` that `params_axes` maps over the ensemble."""

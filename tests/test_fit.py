@@ -342,6 +342,29 @@ def test_jacobian_blocks_match_autodiff_of_the_ensemble():
     assert block_mode(4, params, in_axes) == "fwd"
 
 
+def test_optimistix_materialises_the_jacobian_in_fewer_passes(lv_data):
+    # Assembled from blocks, the Jacobian is the same either way: Optimistix gets
+    # the direction with fewer passes, tangents per entry of the fit variable or
+    # cotangents per residual, whatever `jac` says.
+    from gradsolve._fit_problem import make_problem
+
+    y0s, ts, data = lv_data
+    kwargs = dict(observe=None, weights=None, t0=0.0, sharding=None)
+    problem, params = make_problem(
+        gs.ODETerm(lv.lotka_volterra), gs.Tsit5(), lv.GUESS, y0s, ts, data,
+        params_axes=None, fit_y0=False, **kwargs,
+    )  # fmt: skip
+    assert problem.materialise_mode(params) == "fwd"  # 4 entries, 2 * 20 * N
+    # One observation of the prey per experiment, the initial states fitted too:
+    # 4 + 2 N entries against N residuals.
+    first = lambda y, p: y[:1]
+    problem, params = make_problem(
+        gs.ODETerm(lv.lotka_volterra), gs.Tsit5(), lv.GUESS, y0s, ts[-1:],
+        data[:, -1:, :1], params_axes=None, fit_y0=True, **dict(kwargs, observe=first),
+    )  # fmt: skip
+    assert problem.materialise_mode(params) == "bwd"
+
+
 def test_minimiser_with_reverse_mode_gradient(lv_data, lv_fwd):
     # A minimiser with jac="bwd" differentiates the sum of squares in one reverse
     # pass (no Jacobian blocks): the same minimum as the least-squares fit.
