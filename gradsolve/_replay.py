@@ -49,22 +49,26 @@ def values_at_saves(solver, vf, starts, ends, direction, theta, before, after):
     keeps is one more kernel per step: keeping Tsit5's seven stages at every step
     for the interpolation made a replay of 64 Lotka-Volterra trajectories with 20
     save times 6x slower than one saving only `t1` (0.37 against 0.06 ms). Computed
-    again, the stages of all save times are one batch outside the loop: 0.13 ms,
-    and its forward-mode Jacobian 0.75 against 1.66 ms. (The inputs must be
-    components: split and merged inside the batch, a leaf's component axis is
-    transposed in every kernel, which XLA then does not vectorise.)
+    again, the stages of the save times cost a loop over those steps after the
+    scan. (The inputs must be components: split and merged inside the loop, a
+    leaf's component axis is transposed in every kernel, which XLA then does not
+    vectorise.)
+
+    A loop (`lax.map`), not one batch (`jax.vmap`): batched, XLA fused the stages'
+    tangents into the kernel that writes the values, transposed, and computed the
+    whole chain of stages again for every component and tangent of every value
+    (an optimization barrier does not stop it: XLA's CPU pipeline removes them
+    before fusion). In a forward-mode fit of 32 FitzHugh-Nagumo experiments that
+    kernel was half the time: the compiled fit took 35 ms, 18.7 ms with the loop.
     """
     weights = solver.interpolation_cls.weights
 
-    def value(s, e, th, y0, y1):
+    def value(step):
+        s, e, th, y0, y1 = step
         _, _, ks, _ = solver.step_leaves(vf, s, e, direction, y0, None)
-        # The stages computed once: fused into the interpolation, they were
-        # computed again for every component and tangent of every value
-        # (FitzHugh-Nagumo's fit: 0.88x -> 1.0x the Diffrax fit).
-        ks = jax.lax.optimization_barrier(ks)
         return combine(weights(th), y0, y1, ks)
 
-    return jax.vmap(value)(starts, ends, theta, before, after)
+    return jax.lax.map(value, (starts, ends, theta, before, after))
 
 
 def _before_steps(y0, states, n):
