@@ -15,7 +15,7 @@ from jaxtyping import PyTree
 
 from ._fit_convergence import gauss_newton_refine, tolerances
 from ._fit_problem import FitProblem, make_problem
-from ._fit_program import fit_per_evaluation, optimiser_options
+from ._fit_program import fit_per_evaluation, optimiser_options, record_fit
 from ._mesh import RecordedMesh
 from ._solver.rosenbrock import AbstractRosenbrock
 
@@ -58,13 +58,6 @@ class FitResult(eqx.Module):
 
 # The most Gauss-Newton steps that refine an answer on a mesh recorded at it.
 REFINE_STEPS = 8
-
-
-@eqx.filter_jit
-def _record(problem: FitProblem, params, controller, dt0, max_steps):
-    mesh = problem.record(params, controller, dt0, max_steps)
-    ok = jnp.all(mesh.result == diffrax.RESULTS.successful)
-    return mesh, ok
 
 
 @eqx.filter_jit
@@ -232,10 +225,11 @@ def fit(
 
     - `meshes`: `"auto"` (the default: `"per_evaluation"` with an explicit solver
         and a least-squares optimiser or `jac="fwd"`, the faster way on the
-        Lotka-Volterra benchmark; `"reused"` otherwise), `"reused"` (the rounds above) or `"per_evaluation"`: the whole fit
-        as one compiled program in which every evaluation of the residuals records
-        the ensemble at its own parameters (under `stop_gradient`) and
-        differentiates the replay over that mesh. The optimiser then takes the
+        Lotka-Volterra benchmark; `"reused"` otherwise), `"reused"` (the rounds
+        above) or `"per_evaluation"`: the whole fit as one compiled program in
+        which every evaluation of the residuals records the ensemble at its own
+        parameters (under `stop_gradient`) and differentiates the replay over
+        that mesh. The optimiser then takes the
         steps it takes with Diffrax gradients, iteration for iteration, since the
         residuals are the adaptive solve's and their derivative is Diffrax's; it
         compiles one program instead of five. The recordings' buffer is 1.5 times
@@ -259,8 +253,9 @@ def fit(
         )
     if meshes == "auto":
         explicit = not isinstance(solver, AbstractRosenbrock)
-        jacobian = jac == "fwd" or isinstance(optimiser, optx.AbstractLeastSquaresSolver)
-        meshes = "per_evaluation" if jacobian and explicit else "reused"
+        least_squares = isinstance(optimiser, optx.AbstractLeastSquaresSolver)
+        fast = explicit and (least_squares or jac == "fwd")
+        meshes = "per_evaluation" if fast else "reused"
     if jac not in ("fwd", "bwd"):
         raise ValueError(f'jac must be "fwd" or "bwd"; got {jac!r}.')
     if not isinstance(
@@ -305,7 +300,7 @@ def fit(
     def record_at(p):
         if not _finite(p):
             return None
-        mesh, ok = _record(problem, p, stepsize_controller, dt0, max_steps)
+        mesh, ok = record_fit(problem, p, stepsize_controller, dt0, max_steps)
         if not bool(ok):
             return None
         # Never shorter than the meshes before: the compiled optimiser run is reused.
@@ -313,12 +308,8 @@ def fit(
         length[0] = mesh.max_steps
         return mesh
 
-    mesh = record_at(params)
-    stats["records"] += 1
     mode = None
-    if mesh is not None and not (
-        isinstance(optimiser, optx.AbstractMinimiser) and jac == "bwd"
-    ):
+    if not (isinstance(optimiser, optx.AbstractMinimiser) and jac == "bwd"):
         mode = problem.block_mode(params)
         if isinstance(optimiser, optx.AbstractLeastSquaresSolver):
             # Assembled from the blocks, the Jacobian has the same entries either
@@ -327,23 +318,26 @@ def fit(
             # parameters), `"fwd"` with one tangent per parameter.
             jac = problem.materialise_mode(params)
     outcome = None
-    if meshes == "per_evaluation" and mesh is not None:
+    if meshes == "per_evaluation":
         outcome = fit_per_evaluation(
             problem, params, optimiser, jac, mode, stepsize_controller, dt0,
-            max_steps, max_iterations, mesh,
+            max_steps, max_iterations,
         )  # fmt: skip
+        stats["records"] += 1  # at the initial guess
     if outcome is not None:
-        params, result, steps, norm = outcome
+        params, result, steps, norm, fresh = outcome
+        # A recording at the initial guess, one per evaluation, one at the answer.
         stats.update(rounds=1, iterations=steps, records=stats["records"] + steps + 1)
         stats.update(stale_meshes=0, refinement_steps=0, jacobian_evaluations=steps)
         stats.update(residual_norm=norm, max_error_ratio=np.nan)
         stats.update(validation_error=np.nan)
-        fresh = record_at(params)  # compiled for the first recording
         if fresh is None:
             result = optx.RESULTS.nonlinear_divergence
         stats["mesh_steps"] = None if fresh is None else fresh.max_steps
         stats["wall_time"] = time.perf_counter() - start
         return FitResult(params=params, result=result, stats=stats, mesh=fresh)
+    mesh = record_at(params)
+    stats["records"] += 1
     converged = False
     tolerance = tolerances(optimiser)
     stats["refinement_steps"] = 0

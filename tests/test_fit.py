@@ -229,7 +229,7 @@ def compiled_programs():
 # one program of the per-evaluation way).
 FIT_PROGRAMS = {
     "jit(fit_program)",
-    "jit(_record)",
+    "jit(record_fit)",
     "jit(_round)",
     "jit(gauss_newton_refine)",
     "jit(_assess)",
