@@ -5,6 +5,7 @@ raises a `ValueError` that says what to change.
 """
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 
@@ -18,7 +19,7 @@ from jaxtyping import Array, PyTree
 
 from ._fit_jacobian import block_mode, ensemble_residuals
 from ._mesh import RecordedMesh
-from ._replay import replay
+from ._replay import replay, replay_values
 from ._sharding import Split, ensemble_map, replicated, resolve_split
 from ._solve import record
 
@@ -107,20 +108,19 @@ class FitProblem(eqx.Module):
         """The `jax.vmap` axes of the fit variable over the ensemble."""
         return (self.params_axes, 0) if self.fit_y0 else self.params_axes
 
-    def trajectory_residuals(self, params, y0, mesh, data, sqrt_weights):
-        """One trajectory's weighted residuals, replayed over its own mesh."""
+    def trajectory_residuals(
+        self, params, y0, mesh, data, sqrt_weights, forward_only=False
+    ):
+        """One trajectory's weighted residuals, replayed over its own mesh (only
+        its recorded steps if `forward_only`: differentiated in forward mode only).
+
+        Unchecked: optimisers explore parameters where the mesh is stale, and
+        `gs.fit` replays only meshes that reached the last observation."""
         theta, y0 = params if self.fit_y0 else (params, y0)
-        sol = replay(
-            mesh,
-            self.term,
-            self.solver,
-            y0,
-            theta,
-            saveat=diffrax.SaveAt(ts=self.ts),
-            stale="ignore",  # optimisers explore parameters where the mesh is stale
-            allow_partial=True,  # gs.fit replays only meshes that reached t1
+        ys = replay_values(
+            mesh, self.term, self.solver, y0, theta, self.ts, forward_only
         )
-        obs = jax.vmap(lambda y: self.observe(y, theta))(sol.ys)
+        obs = jax.vmap(lambda y: self.observe(y, theta))(ys)
         return sqrt_weights * (obs - data)
 
     def residuals(self, params, mesh: RecordedMesh, mode: str | None):
@@ -134,9 +134,11 @@ class FitProblem(eqx.Module):
             axes = (self.in_axes,) + (0,) * len(inputs)
             fn = ensemble_map(self.trajectory_residuals, axes, self.devices)
             return replicated(fn(params, *inputs), self.devices)
+        # Blocks computed in forward mode differentiate the replay in no other.
+        fn = functools.partial(self.trajectory_residuals, forward_only=mode == "fwd")
         return ensemble_residuals(
             params,
-            fn=self.trajectory_residuals,
+            fn=fn,
             in_axes=self.in_axes,
             inputs=inputs,
             mode=mode,

@@ -15,6 +15,7 @@ from ._controller import NORMS, scaled_error as component_scaled_error
 from ._mesh import RecordedMesh
 from ._mesh_checks import check_batch, check_complete, check_state, error_if_incomplete
 from ._problem import LeafProblem, prepare
+from ._recorded_steps import fill_after, scan_recorded
 from ._saving import SavePlan, assemble, caller_times, save_layout
 from ._sharding import resolve_split, run_sharded
 from ._solution import Solution
@@ -94,15 +95,22 @@ def replay_one(
     solver: AbstractGradsolveSolver,
     y0: list,
     plan: SavePlan,
+    forward_only: bool = False,
 ):
-    """Replay one trajectory. Returns `(ts, ys_leaves, max_error_ratio)`."""
+    """Replay one trajectory. Returns `(ts, ys_leaves, max_error_ratio)`.
+
+    With `forward_only` (the caller differentiates it in forward mode only and
+    needs no error ratio: it is `None`), a replay on components with an explicit
+    solver runs only the recorded steps (`_recorded_steps.py`), not the buffer.
+    """
     # `y0`, `args` and the initial time as the recording compiled them, whether the
     # caller passes them as constants or as arguments (see `opaque`).
     y0, args, t_first = opaque((y0, problem.args, mesh.ts[0]))
     problem = LeafProblem(f=problem.f, args=args, treedef=problem.treedef)
     direction, starts, ends = mesh_steps(mesh)
     max_steps = mesh.max_steps
-    adaptive = mesh.rtol is not None
+    # (A loop keeps what the scan's dead-code elimination would have dropped.)
+    adaptive = mesh.rtol is not None and not forward_only
     keep_states = plan.ts is not None or plan.steps
 
     # A small state is stepped as a list of scalar components (see `_components.py`).
@@ -161,7 +169,14 @@ def replay_one(
     xs = (starts, ends) if mesh.restarts is None else (starts, ends, mesh.restarts)
     y0_comps = to_comps(y0)
     f_init = vf(t_first, y0_comps) if representation.carries_fsal(solver) else None
-    (y_final, _), (ratios, states, ks) = jax.lax.scan(body, (y0_comps, f_init), xs)
+    if forward_only and recompute_stages:
+        (y_final, _), (ratios, states, ks) = scan_recorded(
+            body, (y0_comps, f_init), xs, mesh.num_steps
+        )
+        if states is not None:
+            states = fill_after(states, mesh.num_steps, y_final)
+    else:
+        (y_final, _), (ratios, states, ks) = jax.lax.scan(body, (y0_comps, f_init), xs)
     y_final = to_leaves(y_final)
     state_comps = states
     if states is not None:
@@ -378,6 +393,21 @@ def replay(
         mesh=mesh,
     )
     return _checked(sol, stale, None if partial else mesh)
+
+
+def replay_values(mesh: RecordedMesh, terms, solver, y0, args, ts, forward_only):
+    """The values at `ts` of one trajectory's replay, unchecked (a failed
+    recording is replayed over the part it recorded, a stale mesh as it is), for
+    callers that differentiate it in forward mode only when `forward_only`
+    (`gs.fit`'s Jacobian blocks)."""
+    prepared = prepare(
+        terms, mesh.ts[0], mesh.ts[-1], None, y0, args, diffrax.SaveAt(ts=ts)
+    )
+    check_state(mesh, prepared.y0, prepared.problem.treedef)
+    _, ys, _ = replay_one(
+        mesh, prepared.problem, solver, prepared.y0, prepared.plan, forward_only
+    )
+    return jtu.tree_unflatten(prepared.problem.treedef, ys)
 
 
 def _checked(sol: Solution, stale: str, unchecked_mesh=None) -> Solution:

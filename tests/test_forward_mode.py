@@ -59,3 +59,35 @@ def test_forward_mode_through_replay(solver):
         [(grad(p + eps * e) - grad(p - eps * e)) / (2 * eps) for e in jnp.eye(4)]
     )
     np.testing.assert_allclose(hessian, fd_hessian, rtol=1e-5, atol=1e-6)
+
+
+def test_forward_only_replay_runs_only_the_recorded_steps():
+    # gs.fit's forward-mode Jacobian blocks replay with a while loop that stops at
+    # the batch's longest recorded step instead of running the whole buffer: the
+    # same values and tangents as the scan over the buffer.
+    from gradsolve._replay import replay_values
+
+    problem = PROBLEMS["lotka_volterra"]
+    term = diffrax.ODETerm(problem.f)
+    ts = jnp.linspace(0.5, 6.0, 7)
+    y0s = problem.y0 * jnp.linspace(0.5, 2.0, 6)[:, None]
+    # An untrimmed buffer of 300 steps, trajectories of different lengths.
+    record = lambda y0: gs.record(term, gs.Tsit5(), 0.0, 6.0, None, y0, problem.args,
+                                  stepsize_controller=CTRL, max_steps=300)  # fmt: skip
+    mesh = jax.vmap(record)(y0s)
+    assert mesh.max_steps == 300 and len(set(np.asarray(mesh.num_steps))) > 1
+
+    def values(forward_only):
+        one = lambda m, y0, p: replay_values(
+            m, term, gs.Tsit5(), y0, p, ts, forward_only
+        )
+        batch = lambda p: jax.vmap(one, in_axes=(0, 0, None))(mesh, y0s, p)
+        return jax.jit(lambda p: (batch(p), jax.jacfwd(batch)(p)))
+
+    got, want = values(True)(problem.args), values(False)(problem.args)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    # The steps' scan became a while loop.
+    count = lambda f, name: str(jax.make_jaxpr(f)(problem.args)).count(f" {name}[")
+    assert count(values(True), "scan") < count(values(False), "scan")
+    assert count(values(True), "while") > count(values(False), "while")
