@@ -15,6 +15,7 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optimistix as optx
 
 from ._fit_problem import FitProblem
@@ -38,6 +39,11 @@ def _record_short_first(problem: FitProblem, params, controller, dt0, max_steps)
         if bool(ok):
             return mesh
     return None
+
+
+def _equal(a, b) -> bool:
+    leaves = zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
+    return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in leaves)
 
 
 def _closed(problem: FitProblem, mesh):
@@ -76,15 +82,17 @@ def fit_program(
     the loss. One that needs more than `length` steps is also noted on the host
     (`_note_overflow`), and the caller then runs again with a longer buffer.
 
-    Returns `(params, result, iterations, residual_norm)`, the norm of the
-    weighted residuals as Optimistix returns its auxiliary output: at the accepted
-    step before `params`, equal to theirs to the optimiser's tolerance.
+    Returns `(params, result, iterations, evaluation)`: `evaluation` is
+    `(at, residual_norm, mesh, recorded)` of an evaluation of the residuals at the
+    parameters `at`, normally `params` (the evaluation in the optimiser's state):
+    the norm of the weighted residuals there and the untrimmed mesh recorded there,
+    whose recording succeeded if `recorded`.
     """
 
     def residuals(p, _):
-        mesh = problem.record(jax.lax.stop_gradient(p), controller, dt0, length)
-        mesh = jax.lax.stop_gradient(mesh)
-        recorded, mesh = _closed(problem, mesh)
+        raw = problem.record(jax.lax.stop_gradient(p), controller, dt0, length)
+        raw = jax.lax.stop_gradient(raw)
+        recorded, mesh = _closed(problem, raw)
         r = problem.residuals(p, mesh, mode)
         # Noted on the host, at no cost unless it happens: the optimiser's path
         # went through parameters whose solves the buffer cannot hold.
@@ -94,7 +102,8 @@ def fit_program(
         # as one that raised the loss. (NaN would reach its termination test,
         # where every comparison with NaN is false.)
         r = jnp.where(recorded, r, 1 / jnp.finfo(r.dtype).eps)
-        return r, jnp.sqrt(jnp.sum(r**2))
+        norm = jnp.sqrt(jnp.sum(r**2))
+        return r, jax.lax.stop_gradient((p, norm, raw, recorded))
 
     sol = optx.least_squares(
         residuals,
@@ -106,7 +115,10 @@ def fit_program(
         max_steps=max_iterations,
         throw=False,
     )
-    return sol.value, sol.result, sol.stats["num_steps"], sol.aux
+    # Optimistix returns the auxiliary output of the accepted step before the
+    # last; its solvers' states (Gauss-Newton, quasi-Newton) hold the last one's.
+    evaluation = getattr(sol.state, "aux", sol.aux)
+    return sol.value, sol.result, sol.stats["num_steps"], evaluation
 
 
 _OVERFLOWS = [0]
@@ -173,7 +185,7 @@ def fit_per_evaluation(
     length = buffer_length(key, int(longest), max_steps)
     for _ in range(RERUNS + 1):
         _OVERFLOWS[0] = 0
-        value, result, iterations, norm = fit_program(
+        value, result, iterations, evaluation = fit_program(
             problem, optimiser, jac, mode, controller, dt0, length, max_iterations,
             params,
         )  # fmt: skip
@@ -181,8 +193,11 @@ def fit_per_evaluation(
         if not _OVERFLOWS[0]:
             if key is not None:
                 _LENGTHS[key] = max(length, _LENGTHS.get(key, 0))
-            mesh = _record_short_first(problem, value, controller, dt0, max_steps)
-            mesh = None if mesh is None else mesh.trim()
+            at, norm, mesh, recorded = evaluation
+            if not _equal(at, value):  # (an optimiser whose state holds no aux)
+                mesh = _record_short_first(problem, value, controller, dt0, max_steps)
+                recorded = mesh is not None
+            mesh = mesh.trim() if bool(recorded) else None
             return value, result, int(iterations), float(norm), mesh
         if length >= max_steps:
             break

@@ -380,6 +380,26 @@ def test_minimiser_with_reverse_mode_gradient(lv_data, lv_fwd):
     np.testing.assert_allclose(fit.params, lv_fwd.params, rtol=1e-5)
 
 
+@pytest.mark.slow
+def test_minimiser_with_meshes_recorded_per_evaluation(lv_data, lv_fwd):
+    # BFGS with forward-mode gradients (one compiled program): the mesh returned
+    # is the one recorded at the answer, and so is the residual norm.
+    fit = gs.fit(gs.ODETerm(lv.lotka_volterra), gs.Tsit5(), lv.GUESS, *lv_data,
+                 stepsize_controller=lv.CONTROLLER, jac="fwd", meshes="per_evaluation",
+                 optimiser=optx.BFGS(rtol=1e-10, atol=1e-10))  # fmt: skip
+    assert fit.result == optx.RESULTS.successful
+    np.testing.assert_allclose(fit.params, lv_fwd.params, rtol=1e-5)
+    term, (y0s, ts, data) = gs.ODETerm(lv.lotka_volterra), lv_data
+    record = lambda y0: gs.record(term, gs.Tsit5(), 0.0, ts[-1], None, y0, fit.params,
+                                  stepsize_controller=lv.CONTROLLER)  # fmt: skip
+    fresh = jax.vmap(record)(y0s).trim()
+    np.testing.assert_array_equal(fit.mesh.ts, fresh.ts)
+    save = diffrax.SaveAt(ts=ts)
+    ys = gs.replay(fresh, term, gs.Tsit5(), y0s, fit.params, saveat=save).ys
+    norm = jnp.linalg.norm(ys - data)
+    np.testing.assert_allclose(fit.stats["residual_norm"], norm, rtol=1e-12)
+
+
 def _per_evaluation_fit(y0s, ts, data, **kwargs):
     return gs.fit(gs.ODETerm(lv.lotka_volterra), gs.Tsit5(), lv.GUESS, y0s, ts, data,
                   stepsize_controller=lv.CONTROLLER, optimiser=lv.OPTIMISER,
