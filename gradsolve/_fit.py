@@ -17,7 +17,6 @@ from ._fit_convergence import gauss_newton_refine, tolerances
 from ._fit_problem import FitProblem, make_problem
 from ._fit_program import fit_per_evaluation, optimiser_options, record_fit
 from ._mesh import RecordedMesh
-from ._solver.rosenbrock import AbstractRosenbrock
 
 
 class FitResult(eqx.Module):
@@ -223,21 +222,20 @@ def fit(
         on. Every device records, replays and differentiates its own experiments;
         the optimiser's reductions over all residuals cross devices.
 
-    - `meshes`: `"auto"` (the default: `"per_evaluation"` with an explicit solver
-        and a least-squares optimiser or `jac="fwd"`, the faster way on the
-        Lotka-Volterra benchmark; `"reused"` otherwise), `"reused"` (the rounds
-        above) or `"per_evaluation"`: the whole fit as one compiled program in
-        which every evaluation of the residuals records the ensemble at its own
-        parameters (under `stop_gradient`) and differentiates the replay over
-        that mesh. The optimiser then takes the
-        steps it takes with Diffrax gradients, iteration for iteration, since the
-        residuals are the adaptive solve's and their derivative is Diffrax's; it
-        compiles one program instead of five. The recordings' buffer is 1.5 times
-        the longest mesh at `params0` (bucketed); where the optimiser's path needs
-        more, the fit runs again with twice the buffer (noted at no cost unless it
-        happens), at most twice, then falls back to `"reused"`.
-        `stats["max_error_ratio"]` and `stats["validation_error"]` are NaN there,
-        not computed (every residual is replayed over a mesh recorded at its own
+    - `meshes`: `"auto"` (the default: `"per_evaluation"` with a least-squares optimiser
+        or `jac="fwd"`, the faster way on the Lotka-Volterra, FitzHugh-Nagumo and
+        Robertson benchmarks; `"reused"` otherwise, a minimiser with a reverse-mode
+        gradient), `"reused"` (the rounds above) or `"per_evaluation"`: the whole fit as
+        one compiled program in which every evaluation of the residuals records the
+        ensemble at its own parameters (under `stop_gradient`) and differentiates the
+        replay over that mesh. The optimiser then takes the steps it takes with Diffrax
+        gradients, iteration for iteration, since the residuals are the adaptive solve's
+        and their derivative is Diffrax's; it compiles one program instead of five. The
+        recordings' buffer is 1.5 times the longest mesh at `params0` (bucketed); where
+        the optimiser's path needs more, the fit runs again with twice the buffer (noted
+        at no cost unless it happens), at most twice, then falls back to `"reused"`.
+        `stats["max_error_ratio"]` and `stats["validation_error"]` are NaN there, not
+        computed (every residual is replayed over a mesh recorded at its own
         parameters); `fit.mesh` is recorded at the answer.
 
     **Returns:**
@@ -252,10 +250,8 @@ def fit(
             f'meshes must be "auto", "reused" or "per_evaluation"; got {meshes!r}.'
         )
     if meshes == "auto":
-        explicit = not isinstance(solver, AbstractRosenbrock)
         least_squares = isinstance(optimiser, optx.AbstractLeastSquaresSolver)
-        fast = explicit and (least_squares or jac == "fwd")
-        meshes = "per_evaluation" if fast else "reused"
+        meshes = "per_evaluation" if least_squares or jac == "fwd" else "reused"
     if jac not in ("fwd", "bwd"):
         raise ValueError(f'jac must be "fwd" or "bwd"; got {jac!r}.')
     if not isinstance(
