@@ -1,7 +1,7 @@
 """`gs.fit` against the same Optimistix fit with Diffrax gradients, side by side.
 
     python benchmarks/fit_benchmark.py              # Lotka-Volterra, 64 experiments
-    python benchmarks/fit_benchmark.py --problems fitzhugh_nagumo,robertson --n 32
+    python benchmarks/fit_benchmark.py --problems fitzhugh_nagumo,robertson  # 32, 4
     python benchmarks/fit_benchmark.py --n 16 --repeats 3
 
 The problems are in `fit_problems.py`: Lotka-Volterra (`examples/fit_lotka_volterra.py`:
@@ -11,7 +11,10 @@ against Diffrax's `Kvaerno5`); all with Levenberg-Marquardt at rtol = atol = 1e-
 float64. Both fits assemble the Jacobian from the same per-trajectory blocks
 (`examples/diffrax_fit.py`); they differ only in how the ODE is solved and
 differentiated: gs.fit replays recorded meshes, the reference solves adaptively
-with `diffrax.diffeqsolve` (vmapped, compiled once) at every iteration. gs.fit runs
+with `diffrax.diffeqsolve` (vmapped, compiled once) at every iteration. `jac` goes
+to both: the reference hands it to Optimistix (`"bwd"` materialises the Jacobian by
+one cotangent per residual), gs.fit materialises the assembled Jacobian in the
+direction with fewer passes whatever it says (see `gs.fit`). gs.fit runs
 both ways with its meshes: `meshes="reused"` (rounds of optimiser runs over recorded
 meshes) and `meshes="per_evaluation"` (one program, a mesh recorded at every
 evaluation). For each problem and `jac` mode, the first call of each fit
@@ -147,7 +150,12 @@ def main():
         default="lotka_volterra",
         help=f"comma-separated, of {', '.join(CASES)}",
     )
-    parser.add_argument("--n", type=int, default=64, help="number of experiments")
+    parser.add_argument(
+        "--n",
+        type=int,
+        default=None,
+        help="number of experiments (default: each problem's, 64, 32 and 4)",
+    )
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--jac", choices=["fwd", "bwd", "both"], default="both")
     parser.add_argument(
@@ -157,7 +165,8 @@ def main():
     jacs = ("fwd", "bwd") if args.jac == "both" else (args.jac,)
     outs = []
     for name in args.problems.split(","):
-        outs.append(run(CASES[name], args.n, args.repeats, jacs))
+        n = CASES[name].experiments if args.n is None else args.n
+        outs.append(run(CASES[name], n, args.repeats, jacs))
         print(table(outs[-1]) + "\n", flush=True)
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.out).write_text(json.dumps(outs, indent=1))

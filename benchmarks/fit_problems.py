@@ -41,6 +41,8 @@ class FitCase:
     make_data: Callable  # n -> (y0s, ts, data)
     gradsolve: Callable  # (y0s, ts, data, jac, meshes) -> gs.FitResult
     diffrax: Callable  # (y0s, ts, data, jac) -> (params, result, iterations, s)
+    # The number of experiments benchmarked unless `--n` says otherwise.
+    experiments: int = 64
     # gs.fit's ways with its meshes that are timed (its `meshes=` values).
     meshes: tuple = ("reused", "per_evaluation")
 
@@ -122,7 +124,7 @@ CASES = {
         "lotka_volterra", lv.make_data, lv.fit_gradsolve, lv.fit_diffrax
     ),
     "fitzhugh_nagumo": FitCase(
-        "fitzhugh_nagumo", fitzhugh_nagumo_data, _fhn_gradsolve, _fhn_diffrax
+        "fitzhugh_nagumo", fitzhugh_nagumo_data, _fhn_gradsolve, _fhn_diffrax, 32
     ),
-    "robertson": FitCase("robertson", _rob_data, _rob_gradsolve, _rob_diffrax),
+    "robertson": FitCase("robertson", _rob_data, _rob_gradsolve, _rob_diffrax, 4),
 }
