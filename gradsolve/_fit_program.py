@@ -42,6 +42,7 @@ def _record_short_first(problem: FitProblem, params, controller, dt0, max_steps)
 
 
 def _equal(a, b) -> bool:
+    """Whether two PyTrees of arrays hold the same values, bit for bit."""
     leaves = zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
     return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in leaves)
 
@@ -194,7 +195,9 @@ def fit_per_evaluation(
             if key is not None:
                 _LENGTHS[key] = max(length, _LENGTHS.get(key, 0))
             at, norm, mesh, recorded = evaluation
-            if not _equal(at, value):  # (an optimiser whose state holds no aux)
+            if not _equal(at, value):
+                # An optimiser whose state holds no evaluation: the mesh recorded
+                # again, the norm that of the accepted step before.
                 mesh = _record_short_first(problem, value, controller, dt0, max_steps)
                 recorded = mesh is not None
             mesh = mesh.trim() if bool(recorded) else None
