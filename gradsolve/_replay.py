@@ -41,7 +41,9 @@ def scaled_error(norm, rtol, atol, as_tree, y0, y1, y_error):
     return norm(as_tree([scale(a, b, x) for a, b, x in zip(y0, y1, e)]))
 
 
-def values_at_saves(solver, vf, starts, ends, direction, theta, before, after):
+def values_at_saves(
+    solver, vf, starts, ends, direction, theta, before, after, forward_only
+):
     """The dense output at the save times, from the steps that hold them: step `i`
     from `starts[i]` to `ends[i]`, its states `before[i]` and `after[i]` (scalar
     components), at normalised time `theta[i]`; the stages are computed again.
@@ -55,12 +57,17 @@ def values_at_saves(solver, vf, starts, ends, direction, theta, before, after):
     leaf's component axis is transposed in every kernel, which XLA then does not
     vectorise.)
 
-    A loop (`lax.map`), not one batch (`jax.vmap`): batched, XLA fused the stages'
+    One batch (`jax.vmap`), or a loop (`lax.map`) when the replay is `forward_only`
+    (`gs.fit`'s forward-mode Jacobian blocks). There, batched, XLA fused the stages'
     tangents into the kernel that writes the values, transposed, and computed the
     whole chain of stages again for every component and tangent of every value
     (an optimization barrier does not stop it: XLA's CPU pipeline removes them
-    before fusion). In a forward-mode fit of 32 FitzHugh-Nagumo experiments that
-    kernel was half the time: the compiled fit took 35 ms, 18.7 ms with the loop.
+    before fusion): in a fit of 32 FitzHugh-Nagumo experiments that kernel was half
+    the time, the compiled fit 35 ms against 18.7 ms with the loop. Elsewhere the
+    batch: a loop's reverse-mode gradient was 10% slower on 64 Lotka-Volterra
+    trajectories, and rounded differently with the batch size, so that an ensemble
+    split over devices (padded) no longer had the unsplit one's gradients bit for
+    bit.
     """
     weights = solver.interpolation_cls.weights
 
@@ -69,7 +76,8 @@ def values_at_saves(solver, vf, starts, ends, direction, theta, before, after):
         _, _, ks, _ = solver.step_leaves(vf, s, e, direction, y0, None)
         return combine(weights(th), y0, y1, ks)
 
-    return jax.lax.map(value, (starts, ends, theta, before, after))
+    steps = (starts, ends, theta, before, after)
+    return jax.lax.map(value, steps) if forward_only else jax.vmap(value)(steps)
 
 
 def _before_steps(y0, states, n):
@@ -192,7 +200,7 @@ def replay_one(
             values = values_at_saves(
                 solver, vf, starts[n], ends[n], direction, theta,
                 _before_steps(y0_comps, state_comps, n),
-                [s[n] for s in state_comps],
+                [s[n] for s in state_comps], forward_only,
             )  # fmt: skip
             ts_values = to_leaves(values, 1)
         else:
