@@ -319,11 +319,11 @@ def fit(
             problem, params, optimiser, jac, mode, stepsize_controller, dt0,
             max_steps, max_iterations,
         )  # fmt: skip
-        stats["records"] += 1  # at the initial guess
     if outcome is not None:
-        params, result, steps, norm, fresh = outcome
-        # A recording at the initial guess, one per evaluation, one at the answer.
-        stats.update(rounds=1, iterations=steps, records=stats["records"] + steps + 1)
+        params, result, steps, norm, fresh, recordings = outcome
+        # One recording per evaluation (the last one's mesh is `fresh`), and those
+        # on the host: at the initial guess to size the buffer.
+        stats.update(rounds=1, iterations=steps, records=recordings + steps)
         stats.update(stale_meshes=0, refinement_steps=0, jacobian_evaluations=steps)
         stats.update(residual_norm=norm, max_error_ratio=np.nan)
         stats.update(validation_error=np.nan)
@@ -332,8 +332,9 @@ def fit(
         stats["mesh_steps"] = None if fresh is None else fresh.max_steps
         stats["wall_time"] = time.perf_counter() - start
         return FitResult(params=params, result=result, stats=stats, mesh=fresh)
+    # (A per-evaluation fit that fell back recorded at the initial guess too.)
+    stats["records"] += 1 + (meshes == "per_evaluation")
     mesh = record_at(params)
-    stats["records"] += 1
     converged = False
     tolerance = tolerances(optimiser)
     stats["refinement_steps"] = 0

@@ -31,14 +31,19 @@ def record_fit(problem: FitProblem, params, controller, dt0, max_steps):
 
 
 def _record_short_first(problem: FitProblem, params, controller, dt0, max_steps):
-    """The (untrimmed) mesh at `params`, or `None` if a recording failed: first
-    with a buffer of `SHORT_BUFFER` steps, 2.5x faster to fill than 4,096 (about a
-    tenth of a FitzHugh-Nagumo fit's time), then with `max_steps` if needed."""
-    for buffer in sorted({min(SHORT_BUFFER, max_steps), max_steps}):
+    """`(mesh, recordings)`: the (untrimmed) mesh at `params`, or `None` if a
+    recording failed, and how many recordings that took: first with a buffer of
+    `SHORT_BUFFER` steps, 2.5x faster to fill than 4,096 (about a tenth of a
+    FitzHugh-Nagumo fit's time), then with `max_steps` if needed. (Unlike
+    `_short_buffer.record_with_short_buffer`, which records again only the
+    trajectories that failed and trims, this keeps one untrimmed batch: the fit
+    needs only its longest trajectory or, at the answer, its trimmed whole.)"""
+    buffers = sorted({min(SHORT_BUFFER, max_steps), max_steps})
+    for count, buffer in enumerate(buffers, start=1):
         mesh, ok = record_fit(problem, params, controller, dt0, buffer)
         if bool(ok):
-            return mesh
-    return None
+            return mesh, count
+    return None, len(buffers)
 
 
 def _equal(a, b) -> bool:
@@ -170,8 +175,9 @@ def fit_per_evaluation(
 ):  # fmt: skip
     """`gs.fit` with a mesh recorded at every evaluation (one compiled program).
 
-    Returns `(params, result, iterations, residual_norm, mesh)`, with `mesh` the
-    trimmed mesh at `params` (`None` if its recording failed), or `None` when the
+    Returns `(params, result, iterations, residual_norm, mesh, recordings)`, with
+    `mesh` the trimmed mesh at `params` (`None` if its recording failed) and
+    `recordings` those made outside the compiled program, or `None` when the
     recording at the initial guess fails or the optimiser's path still needs more
     steps than a buffer of `RERUNS` doublings holds (trial points whose solves
     take many steps): the caller then fits with reused meshes, which records only
@@ -179,7 +185,7 @@ def fit_per_evaluation(
     """
     key = _structure_key(problem, params, optimiser)
     # The buffer is sized on the meshes at the initial guess.
-    first = _record_short_first(problem, params, controller, dt0, max_steps)
+    first, recordings = _record_short_first(problem, params, controller, dt0, max_steps)
     if first is None:
         return None
     longest = jax.device_get(jnp.max(first.num_steps))
@@ -198,10 +204,12 @@ def fit_per_evaluation(
             if not _equal(at, value):
                 # An optimiser whose state holds no evaluation: the mesh recorded
                 # again, the norm that of the accepted step before.
-                mesh = _record_short_first(problem, value, controller, dt0, max_steps)
-                recorded = mesh is not None
+                mesh, again = _record_short_first(
+                    problem, value, controller, dt0, max_steps
+                )
+                recorded, recordings = mesh is not None, recordings + again
             mesh = mesh.trim() if bool(recorded) else None
-            return value, result, int(iterations), float(norm), mesh
+            return value, result, int(iterations), float(norm), mesh, recordings
         if length >= max_steps:
             break
         # The optimiser's path needs more steps than the buffer holds.

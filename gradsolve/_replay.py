@@ -52,10 +52,10 @@ def values_at_saves(
     keeps is one more kernel per step: keeping Tsit5's seven stages at every step
     for the interpolation made a replay of 64 Lotka-Volterra trajectories with 20
     save times 6x slower than one saving only `t1` (0.37 against 0.06 ms). Computed
-    again, the stages of the save times cost a loop over those steps after the
-    scan. (The inputs must be components: split and merged inside the loop, a
-    leaf's component axis is transposed in every kernel, which XLA then does not
-    vectorise.)
+    again after the scan, the stages of the save times cost about as much as the
+    scan's states. (The inputs must be components: split and merged inside the
+    recomputation, a leaf's component axis is transposed in every kernel, which
+    XLA then does not vectorise.)
 
     One batch (`jax.vmap`), or a loop (`lax.map`) when the replay is `forward_only`
     (`gs.fit`'s forward-mode Jacobian blocks). There, batched, XLA fused the stages'

@@ -423,6 +423,8 @@ def test_per_evaluation_meshes_follow_the_diffrax_fit(lv_data, jac):
     assert fit.stats["iterations"] <= iterations
     np.testing.assert_allclose(fit.params, params, rtol=lv.OPTIMISER.rtol)
     assert fit.mesh is not None and fit.stats["residual_norm"] > 0
+    # One recording per evaluation, and one at the initial guess sizing the buffer.
+    assert fit.stats["records"] == fit.stats["iterations"] + 1
 
 
 def test_per_evaluation_buffer_too_short_runs_again(lv_data, monkeypatch):
