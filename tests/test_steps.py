@@ -176,3 +176,34 @@ def test_constant_step_size_and_step_to(solvers):
         np.testing.assert_allclose(mine.ts[:n], sol.ts[:n], rtol=1e-12)
         np.testing.assert_allclose(mine.ys[:n], sol.ys[:n], rtol=1e-10, atol=1e-12)
         assert np.all(np.isinf(np.asarray(mine.ts[n:])))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_last_step_rounding_threshold_is_diffraxs(dtype):
+    # The recording rounds a step ending within 100 ULPs of t1 to t1, as Diffrax does
+    # by 100 calls of `eqxi.prevbefore`; it computes the same float in closed form.
+    # Checked bit for bit against that chain, across zero, the subnormals (which
+    # compare equal to 0 on the CPU) and the smallest normal numbers.
+    import equinox.internal as eqxi
+
+    from gradsolve._record import _clip_floor
+
+    finfo = jnp.finfo(dtype)
+    up = np.array(np.inf, dtype)
+    near_tiny = [np.array(finfo.tiny, dtype)]
+    for _ in range(150):
+        near_tiny.append(np.nextafter(near_tiny[-1], up))
+    subnormal = np.array(finfo.tiny, dtype) / 1024
+    others = [0.0, -0.0, 1.0, -1.0, 3.5, 1e6, -1e6, 1e-30, -1e-30, subnormal]
+    others += [-subnormal, -finfo.tiny, float(finfo.max) / 2, -float(finfo.max) / 2]
+    xs = jnp.asarray(np.array(near_tiny + others, dtype))
+
+    def chain(x):
+        for _ in range(100):
+            x = eqxi.prevbefore(x)
+        return x
+
+    expected = np.asarray(jax.jit(jax.vmap(chain))(xs))
+    got = np.asarray(jax.jit(jax.vmap(_clip_floor))(xs))
+    int_type = np.int64 if dtype == jnp.float64 else np.int32
+    np.testing.assert_array_equal(got.view(int_type), expected.view(int_type))
