@@ -179,12 +179,18 @@ def solve_rows(row: str, n: int, repeats: int) -> list[dict]:
 
 def fit_rows(n: int) -> list[dict]:
     import fit_benchmark
+    from fit_problems import CASES
 
-    y0s, ts, data = fit_benchmark.lv.make_data(n)
+    case = CASES["lotka_volterra"]
+    y0s, ts, data = case.make_data(n)
+    fits = {
+        "gs": lambda: fit_benchmark._gs(case, y0s, ts, data, "fwd", meshes="auto"),
+        "diffrax": lambda: fit_benchmark._diffrax(case, y0s, ts, data, "fwd"),
+    }
     firsts, steadies = {}, {}
-    for name, fit in (("gs", fit_benchmark._gs), ("diffrax", fit_benchmark._diffrax)):
-        firsts[name] = fit(y0s, ts, data, "fwd")[3]
-        steadies[name] = min(fit(y0s, ts, data, "fwd")[3] for _ in range(2))
+    for name, fit in fits.items():
+        firsts[name] = fit()[3]
+        steadies[name] = min(fit()[3] for _ in range(2))
     return [
         dict(
             problem="fit",

@@ -178,18 +178,29 @@ def fit_per_evaluation(
     Returns `(params, result, iterations, residual_norm, mesh, recordings)`, with
     `mesh` the trimmed mesh at `params` (`None` if its recording failed) and
     `recordings` those made outside the compiled program, or `None` when the
-    recording at the initial guess fails or the optimiser's path still needs more
-    steps than a buffer of `RERUNS` doublings holds (trial points whose solves
-    take many steps): the caller then fits with reused meshes, which records only
-    where the optimiser lands.
+    recording at the initial guess that sizes the buffer fails or the optimiser's
+    path still needs more steps than a buffer of `RERUNS` doublings holds (trial
+    points whose solves take many steps): the caller then fits with reused meshes,
+    which records only where the optimiser lands.
+
+    The buffer is that of an earlier fit of the same structure, else `UNSIZED_BUFFER`
+    steps for an ensemble where that is small (`_unsized_start`), else sized on a
+    recording at the initial guess; an unsized buffer that proves too short is
+    sized that way before the next run.
     """
     key = _structure_key(problem, params, optimiser)
-    # The buffer is sized on the meshes at the initial guess.
-    first, recordings = _record_short_first(problem, params, controller, dt0, max_steps)
-    if first is None:
-        return None
-    longest = jax.device_get(jnp.max(first.num_steps))
-    length = buffer_length(key, int(longest), max_steps)
+    recordings = 0
+    length = None if key is None else _LENGTHS.get(key)
+    if length is None and _unsized_start(problem, max_steps):
+        # No recording to size the buffer (its compilation is a tenth of a small
+        # fit's first call): this buffer holds most fits' solves, and one that
+        # outgrows it is sized below and run again.
+        length = min(UNSIZED_BUFFER, max_steps)
+    elif length is None:
+        length, recordings = _sized(problem, params, controller, dt0, max_steps, key)
+        if length is None:
+            return None
+    sized = recordings > 0
     for _ in range(RERUNS + 1):
         _OVERFLOWS[0] = 0
         value, result, iterations, evaluation = fit_program(
@@ -213,5 +224,41 @@ def fit_per_evaluation(
         if length >= max_steps:
             break
         # The optimiser's path needs more steps than the buffer holds.
-        length = bucket_length(2 * length, max_steps)
+        if not sized:
+            sized = True
+            length, count = _sized(problem, params, controller, dt0, max_steps, key)
+            recordings += count
+            if length is None:
+                return None
+        else:
+            length = bucket_length(2 * length, max_steps)
     return None
+
+
+# The steps of a fit's first buffer when it is not sized by a recording: room for
+# the solves of most small fits at tight tolerances (Lotka-Volterra's 75,
+# FitzHugh-Nagumo's 130-190 at rtol 1e-8). Every evaluation costs more with a
+# longer buffer (FitzHugh-Nagumo's Jacobian: 3.9 ms with 192 steps, 5.9 ms with
+# 512); one too short costs a recording and a second compilation.
+UNSIZED_BUFFER = 256
+
+# The most entries (trajectories times steps) of a fit's first buffer that is not
+# sized by a recording first: 64 MiB per float64 array of the mesh.
+UNSIZED_ENTRIES = 1 << 23
+
+
+def _unsized_start(problem: FitProblem, max_steps: int) -> bool:
+    """Whether a fit starts with the short buffer, unsized: it is no longer than
+    `max_steps` and small for this ensemble."""
+    trajectories = problem.data.shape[0]
+    return trajectories * min(UNSIZED_BUFFER, max_steps) <= UNSIZED_ENTRIES
+
+
+def _sized(problem, params, controller, dt0, max_steps, key):
+    """`(length, recordings)`: the buffer length from a recording at `params` (see
+    `buffer_length`), `None` if that recording fails, and the recordings made."""
+    first, count = _record_short_first(problem, params, controller, dt0, max_steps)
+    if first is None:
+        return None, count
+    longest = jax.device_get(jnp.max(first.num_steps))
+    return buffer_length(key, int(longest), max_steps), count
