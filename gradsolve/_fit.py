@@ -231,9 +231,13 @@ def fit(
         replay over that mesh. The optimiser then takes the steps it takes with Diffrax
         gradients, iteration for iteration, since the residuals are the adaptive solve's
         and their derivative is Diffrax's; it compiles one program instead of five. The
-        recordings' buffer is 1.5 times the longest mesh at `params0` (bucketed); where
-        the optimiser's path needs more, the fit runs again with twice the buffer (noted
-        at no cost unless it happens), at most twice, then falls back to `"reused"`.
+        recordings' buffer is 256 steps when the Jacobian blocks are computed in
+        forward mode by an explicit solver (their replays stop at the last recorded
+        step) for an ensemble of up to 32,768 trajectories, else 1.5 times the
+        longest mesh at `params0` (bucketed; one recording more). Where the
+        optimiser's path needs more, the fit records at `params0` to size the buffer
+        (if it did not) or doubles it, and runs again (noted at no cost unless it
+        happens), at most twice, then falls back to `"reused"`.
         `stats["max_error_ratio"]` and `stats["validation_error"]` are NaN there, not
         computed (every residual is replayed over a mesh recorded at its own
         parameters); `fit.mesh` is recorded at the answer.
@@ -322,7 +326,7 @@ def fit(
     if outcome is not None:
         params, result, steps, norm, fresh, recordings = outcome
         # One recording per evaluation (the last one's mesh is `fresh`), and those
-        # on the host: at the initial guess to size the buffer.
+        # on the host: at the initial guess, where it sized the buffer.
         stats.update(rounds=1, iterations=steps, records=recordings + steps)
         stats.update(stale_meshes=0, refinement_steps=0, jacobian_evaluations=steps)
         stats.update(residual_norm=norm, max_error_ratio=np.nan)
