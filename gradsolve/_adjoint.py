@@ -23,6 +23,7 @@ from ._problem import LeafProblem
 from ._saving import SaveLayout, SavePlan
 from ._solver.base import AbstractGradsolveSolver
 from ._solver.interpolation import normalised_time
+from ._solver.rosenbrock import AbstractRosenbrock
 
 
 # `ts` values whose cotangents one iteration of `save_cotangents` pulls back.
@@ -82,12 +83,19 @@ def adjoint_loop(
     # The steps hold the state as `_record.py` did (components for a small state):
     # the loop carries and the step's vjp act on that; convert at the boundaries.
     y0_leaves, args, f = diff
-    representation = Representation(
-        y0_leaves,
-        LeafProblem(f=f, args=args, treedef=treedef),
-        solver.representation,
-        mesh.ts[0],
-    )
+    problem = LeafProblem(f=f, args=args, treedef=treedef)
+    recorded = Representation(y0_leaves, problem, solver.representation, mesh.ts[0])
+    representation = recorded
+    if isinstance(solver, AbstractRosenbrock) and solver.representation == "auto":
+        # A Rosenbrock step's reverse pass on scalar components (its Jacobian and
+        # linear solves unrolled) is slow to compile and to run: with Rodas5, 64
+        # trajectories, the gradient took 150 ms (Robertson), 453 ms (a 4-species
+        # chain), 25 ms (Lorenz) against 18, 43 and 9 ms walked back in array form
+        # from the same kept states, and compiled in about twice the time. (Van
+        # der Pol's 2 components: 38 against 33 ms.) The steps recomputed in array
+        # form equal the recorded ones to round-off.
+        representation = Representation(y0_leaves, problem, "array", mesh.ts[0])
+        states = representation.split(recorded.merge(states, 1), 1)
     split, merge = representation.split, representation.merge
 
     diff_dynamic, diff_static = eqx.partition(diff, is_float_array)
