@@ -89,11 +89,12 @@ def adjoint_loop(
     if isinstance(solver, AbstractRosenbrock) and solver.representation == "auto":
         # A Rosenbrock step's reverse pass on scalar components (its Jacobian and
         # linear solves unrolled) is slow to compile and to run: with Rodas5, 64
-        # trajectories, the gradient took 150 ms (Robertson), 453 ms (a 4-species
-        # chain), 25 ms (Lorenz) against 18, 43 and 9 ms walked back in array form
-        # from the same kept states, and compiled in about twice the time. (Van
-        # der Pol's 2 components: 38 against 33 ms.) The steps recomputed in array
-        # form equal the recorded ones to round-off.
+        # trajectories, the gradient took 118 ms (Robertson), 453 ms (a 4-species
+        # chain) and 25 ms (Lorenz) against 21, 43 and 9 ms walked back in array
+        # form from the same kept states, and compiled in 1.3-3x the time (van der
+        # Pol's 2 components: 38 against 33 ms). The recording stays on components,
+        # faster there; the steps recomputed in array form equal its steps to
+        # round-off.
         representation = Representation(y0_leaves, problem, "array", mesh.ts[0])
         states = representation.split(recorded.merge(states, 1), 1)
     split, merge = representation.split, representation.merge

@@ -253,7 +253,7 @@ def make_problem(
     if isinstance(solver, AbstractRosenbrock) and solver.representation == "auto":
         # A Rosenbrock step's forward-mode derivative on scalar components is
         # slow to compile and to run (see `_adjoint.py`): a Rodas5 Robertson fit
-        # took 28 s to its first answer and 64 ms after, 17 s and 33 ms in array form.
+        # took 28 s to its first answer and 64 ms after, 18 s and 29 ms in array form.
         solver = dataclasses.replace(solver, representation="array")
     problem = FitProblem(
         term=term,

@@ -427,22 +427,30 @@ def test_per_evaluation_meshes_follow_the_diffrax_fit(lv_data, jac):
     assert fit.stats["records"] == fit.stats["iterations"]
 
 
-def test_per_evaluation_buffer_too_short_runs_again(lv_data, monkeypatch):
-    # A buffer no longer than the initial guess's meshes: the optimiser's path
-    # needs more steps somewhere, and the fit runs again with a longer one rather
-    # than stop where the buffer ends.
+def _fit_noting_buffers(lv_data, monkeypatch, **settings):
+    """A per-evaluation fit with `gradsolve._fit_program`'s `settings`, and the
+    buffer length of each run of its compiled program."""
     import gradsolve._fit_program as program
 
-    reference = _per_evaluation_fit(*lv_data)
-    monkeypatch.setattr(program, "HEADROOM", 1.0)
-    monkeypatch.setattr(program, "UNSIZED_ENTRIES", 0)  # sized at the guess
-    monkeypatch.setattr(program, "_LENGTHS", {})
+    for name, value in dict(settings, _LENGTHS={}).items():
+        monkeypatch.setattr(program, name, value)
     runs = []
     original = program.fit_program
     monkeypatch.setattr(
         program, "fit_program", lambda *a: runs.append(a[6]) or original(*a)
     )
-    fit = _per_evaluation_fit(*lv_data)
+    return _per_evaluation_fit(*lv_data), runs
+
+
+def test_per_evaluation_buffer_too_short_runs_again(lv_data, monkeypatch):
+    # A buffer no longer than the initial guess's meshes: the optimiser's path
+    # needs more steps somewhere, and the fit runs again with a longer one rather
+    # than stop where the buffer ends.
+    reference = _per_evaluation_fit(*lv_data)
+    # Sized at the initial guess, without head room.
+    fit, runs = _fit_noting_buffers(
+        lv_data, monkeypatch, HEADROOM=1.0, UNSIZED_ENTRIES=0
+    )
     assert len(runs) >= 2 and runs[1] > runs[0]
     assert fit.result == optx.RESULTS.successful
     np.testing.assert_allclose(fit.params, reference.params, rtol=1e-10)
@@ -454,17 +462,8 @@ def test_per_evaluation_short_unsized_buffer_is_sized_and_run_again(
     # The first run's buffer, not sized by a recording, is too short for the
     # solves: the fit records at the initial guess, sizes the buffer on it and runs
     # again, to the answer of a fit whose buffer was long enough.
-    import gradsolve._fit_program as program
-
     reference = _per_evaluation_fit(*lv_data)
-    monkeypatch.setattr(program, "UNSIZED_BUFFER", 8)
-    monkeypatch.setattr(program, "_LENGTHS", {})
-    runs = []
-    original = program.fit_program
-    monkeypatch.setattr(
-        program, "fit_program", lambda *a: runs.append(a[6]) or original(*a)
-    )
-    fit = _per_evaluation_fit(*lv_data)
+    fit, runs = _fit_noting_buffers(lv_data, monkeypatch, UNSIZED_BUFFER=8)
     assert runs[0] == 8 and len(runs) == 2 and runs[1] > 8
     assert fit.result == optx.RESULTS.successful
     # The recording that sized the buffer is counted.
