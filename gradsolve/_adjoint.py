@@ -23,7 +23,6 @@ from ._problem import LeafProblem
 from ._saving import SaveLayout, SavePlan
 from ._solver.base import AbstractGradsolveSolver
 from ._solver.interpolation import normalised_time
-from ._solver.rosenbrock import AbstractRosenbrock
 
 
 # `ts` values whose cotangents one iteration of `save_cotangents` pulls back.
@@ -86,16 +85,13 @@ def adjoint_loop(
     problem = LeafProblem(f=f, args=args, treedef=treedef)
     recorded = Representation(y0_leaves, problem, solver.representation, mesh.ts[0])
     representation = recorded
-    if isinstance(solver, AbstractRosenbrock) and solver.representation == "auto":
-        # A Rosenbrock step's reverse pass on scalar components (its Jacobian and
-        # linear solves unrolled) is slow to compile and to run: with Rodas5, 64
-        # trajectories, the gradient took 118 ms (Robertson), 453 ms (a 4-species
-        # chain) and 25 ms (Lorenz) against 21, 43 and 9 ms walked back in array
-        # form from the same kept states, and compiled in 1.3-3x the time (van der
-        # Pol's 2 components: 38 against 33 ms). The recording stays on components,
-        # faster there; the steps recomputed in array form equal its steps to
-        # round-off.
-        representation = Representation(y0_leaves, problem, "array", mesh.ts[0])
+    if solver.derivative_representation != solver.representation:
+        # Walked back in the form the solver's steps differentiate fastest in,
+        # from the states kept as the recording held them (steps recomputed in
+        # another form equal the recorded ones to round-off).
+        representation = Representation(
+            y0_leaves, problem, solver.derivative_representation, mesh.ts[0]
+        )
         states = representation.split(recorded.merge(states, 1), 1)
     split, merge = representation.split, representation.merge
 

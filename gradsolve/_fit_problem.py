@@ -22,7 +22,6 @@ from ._mesh import RecordedMesh
 from ._replay import replay, replay_values
 from ._sharding import Split, ensemble_map, replicated, resolve_split
 from ._solve import record
-from ._solver.rosenbrock import AbstractRosenbrock
 
 
 def _identity(y, params):
@@ -250,11 +249,11 @@ def make_problem(
     data = jnp.asarray(data)
     if not jnp.issubdtype(data.dtype, jnp.floating):
         data = data.astype(dtype)
-    if isinstance(solver, AbstractRosenbrock) and solver.representation == "auto":
-        # A Rosenbrock step's forward-mode derivative on scalar components is
-        # slow to compile and to run (see `_adjoint.py`): a Rodas5 Robertson fit
-        # took 28 s to its first answer and 64 ms after, 18 s and 29 ms in array form.
-        solver = dataclasses.replace(solver, representation="array")
+    derivative = getattr(solver, "derivative_representation", None)
+    if derivative is not None and derivative != solver.representation:
+        # Every evaluation's replay is differentiated: record and replay in the
+        # form the solver's steps differentiate fastest in.
+        solver = dataclasses.replace(solver, representation=derivative)
     problem = FitProblem(
         term=term,
         solver=solver,

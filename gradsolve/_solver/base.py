@@ -182,6 +182,13 @@ class AbstractGradsolveSolver(eqx.Module):
     representation: str = eqx.field(default="auto", static=True, kw_only=True)
 
     @property
+    def derivative_representation(self) -> str:
+        """The `representation` in which steps that are differentiated hold the
+        state (the one-call adjoint's, `gs.fit`'s): the solver's own, unless a
+        subclass knows better for `"auto"`."""
+        return self.representation
+
+    @property
     @abc.abstractmethod
     def fsal(self) -> bool:
         """Whether `step_leaves` returns the field at the end of the step, to be
