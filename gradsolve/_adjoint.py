@@ -186,7 +186,7 @@ def adjoint_loop(
 
         def add_window(carry):
             start, (before_bar, after_bar, dense_bar) = carry
-            k = start + jnp.arange(window)
+            k = start + jnp.arange(window, dtype=start.dtype)
             ok = k < hi
             k = jnp.minimum(k, plan.ts.shape[0] - 1)
             local = jnp.clip(layout.ts_step[k] - first, 0, length - 1)

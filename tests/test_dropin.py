@@ -67,6 +67,37 @@ def test_integer_times_under_strict_promotion(controller):
         _close(ours.ys, theirs.ys)
 
 
+def test_gradient_of_values_saved_at_ts_under_strict_promotion():
+    # Diffrax's own tests run under strict promotion (`test_adjoint.py::test_against`
+    # with gs.diffeqsolve swapped in once failed here, in the adjoint's save times).
+    ts = jnp.array([0.3, 1.1, 2.0])
+
+    def loss(y0, k, module):
+        sol = module.diffeqsolve(
+            diffrax.ODETerm(lambda t, y, k: -k * y),
+            module.Tsit5(),
+            0.0,
+            2.0,
+            None,
+            y0,
+            k,
+            stepsize_controller=PID,
+            saveat=diffrax.SaveAt(t0=True, ts=ts, t1=True),
+        )
+        return jnp.sum(sol.ys)
+
+    y0, k = jnp.array([1.0, -0.5]), jnp.array(0.8)
+    with jax.numpy_dtype_promotion("strict"):
+        grad = lambda module: jax.grad(loss, argnums=(0, 1))(y0, k, module)
+        ours, theirs = grad(gs), grad(diffrax)
+    _close(ours, theirs, rtol=1e-9)
+    # y(t) = y0 exp(-k t), saved at 0, ts and 2.
+    times = np.concatenate([[0.0], np.asarray(ts), [2.0]])
+    np.testing.assert_allclose(ours[0], np.sum(np.exp(-0.8 * times)), rtol=1e-6)
+    d_k = -np.sum(times * np.exp(-0.8 * times)) * float(jnp.sum(y0))
+    np.testing.assert_allclose(ours[1], d_k, rtol=1e-6)
+
+
 def test_empty_state():
     ours, theirs = _both(0.0, 1.0, 0.1, None)
     assert ours.ys is None and theirs.ys is None
