@@ -192,7 +192,7 @@ def adjoint_loop(
             local = jnp.clip(layout.ts_step[k] - first, 0, length - 1)
             theta = normalised_time(s_all[local], plan.ts[k], e_all[local])
             w_y0, w_y1, w_ks = jax.vmap(weights_fn)(jnp.where(ok, theta, 0))
-            onehot = (local[:, None] == jnp.arange(length)) & ok[:, None]
+            onehot = (local[:, None] == jnp.arange(length)[None]) & ok[:, None]
 
             def pull(bar, w):
                 # bar[i] += sum over the window's saves in step i of w * ts_bar.

@@ -68,8 +68,9 @@ def test_integer_times_under_strict_promotion(controller):
 
 
 def test_gradient_of_values_saved_at_ts_under_strict_promotion():
-    # Diffrax's own tests run under strict promotion (`test_adjoint.py::test_against`
-    # with gs.diffeqsolve swapped in once failed here, in the adjoint's save times).
+    # Diffrax's own tests run under strict dtype promotion and with implicit rank
+    # promotion an error (`test_adjoint.py::test_against` with gs.diffeqsolve
+    # swapped in once failed on both, in the adjoint's save times).
     ts = jnp.array([0.3, 1.1, 2.0])
 
     def loss(y0, k, module):
@@ -87,7 +88,7 @@ def test_gradient_of_values_saved_at_ts_under_strict_promotion():
         return jnp.sum(sol.ys)
 
     y0, k = jnp.array([1.0, -0.5]), jnp.array(0.8)
-    with jax.numpy_dtype_promotion("strict"):
+    with jax.numpy_dtype_promotion("strict"), jax.numpy_rank_promotion("raise"):
         grad = lambda module: jax.grad(loss, argnums=(0, 1))(y0, k, module)
         ours, theirs = grad(gs), grad(diffrax)
     _close(ours, theirs, rtol=1e-9)
