@@ -9,13 +9,13 @@ the replays over it (`jax.jacfwd` of each trajectory's values at the observation
 times, the replay running only the recorded steps). This times the two apart on
 `benchmarks/fit_problems.py`'s FitzHugh-Nagumo fit at its initial guess, next to
 what one evaluation of the Diffrax fit costs: the same blocks through
-`diffrax.diffeqsolve` with `diffrax.ForwardMode()`. The minimum of `--repeats`
-calls, each compiled once before.
+`diffrax.diffeqsolve` with `diffrax.ForwardMode()`. Timed with the benchmarks'
+interleaved protocol (`harness.time_interleaved`): the minimum and median of
+`--repeats` rounds, and the compile time (first call minus the minimum).
 """
 
 import argparse
 import sys
-import time
 
 import diffrax
 import jax
@@ -30,22 +30,10 @@ from fit_problems import (  # noqa: E402
     fitzhugh_nagumo,
     fitzhugh_nagumo_data,
 )
+from harness import time_interleaved  # noqa: E402
 
 import gradsolve as gs  # noqa: E402
 from gradsolve._replay import replay_values  # noqa: E402
-
-
-T1 = 10.0
-
-
-def fastest(fn, repeats: int) -> float:
-    jax.block_until_ready(fn())
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def main():
@@ -56,14 +44,18 @@ def main():
     opts = parser.parse_args()
     y0s, ts, _ = fitzhugh_nagumo_data(opts.n)
     term, solver = gs.ODETerm(fitzhugh_nagumo), gs.Tsit5()
+    t1 = ts[-1]  # gs.fit records up to the last observation
 
     def record_one(y0, p):
-        return gs.record(term, solver, 0.0, T1, None, y0, p,
+        return gs.record(term, solver, 0.0, t1, None, y0, p,
                          stepsize_controller=FHN_CONTROLLER,
                          max_steps=opts.buffer, throw=False)  # fmt: skip
 
     record = jax.jit(jax.vmap(record_one, in_axes=(0, None)))
-    mesh = record(y0s, FHN_GUESS)
+    held = {}
+
+    def recording():
+        held["mesh"] = jax.block_until_ready(record(y0s, FHN_GUESS))
 
     def voltage(p, y0, m):
         return replay_values(m, term, solver, y0, p, ts, True)[:, 0]
@@ -72,33 +64,42 @@ def main():
 
     def diffrax_voltage(p, y0):
         sol = diffrax.diffeqsolve(
-            diffrax.ODETerm(fitzhugh_nagumo), diffrax.Tsit5(), 0.0, T1, None, y0, p,
+            diffrax.ODETerm(fitzhugh_nagumo), diffrax.Tsit5(), 0.0, t1, None, y0, p,
             saveat=diffrax.SaveAt(ts=ts), stepsize_controller=FHN_CONTROLLER,
             adjoint=diffrax.ForwardMode(),
         )  # fmt: skip
         return sol.ys[:, 0]
 
     diffrax_blocks = jax.jit(jax.vmap(jax.jacfwd(diffrax_voltage), in_axes=(None, 0)))
-    ours = blocks(FHN_GUESS, y0s, mesh)
-    gap = float(jnp.max(jnp.abs(ours - diffrax_blocks(FHN_GUESS, y0s))))
-    steps = mesh.num_steps
-    print(f"FitzHugh-Nagumo, {opts.n} experiments, {len(ts)} times, "
-          f"{int(steps.min())}-{int(steps.max())} steps, buffer {opts.buffer}; "
-          f"Jacobian blocks' largest difference from Diffrax's: {gap:.1e}")  # fmt: skip
-    times = {
-        "gradsolve recording": fastest(lambda: record(y0s, FHN_GUESS), opts.repeats),
-        "gradsolve Jacobian blocks": fastest(
-            lambda: blocks(FHN_GUESS, y0s, mesh), opts.repeats
+    # In this order, so that the first call of each (its compilation) comes first
+    # and the blocks replay the mesh just recorded.
+    tasks = {
+        "gradsolve recording": recording,
+        "gradsolve Jacobian blocks": lambda: jax.block_until_ready(
+            blocks(FHN_GUESS, y0s, held["mesh"])
         ),
-        "Diffrax Jacobian blocks": fastest(
-            lambda: diffrax_blocks(FHN_GUESS, y0s), opts.repeats
+        "Diffrax Jacobian blocks": lambda: jax.block_until_ready(
+            diffrax_blocks(FHN_GUESS, y0s)
         ),
     }
-    for name, seconds in times.items():
-        print(f"{name}: {1e3 * seconds:.2f} ms")
-    ours = times["gradsolve recording"] + times["gradsolve Jacobian blocks"]
-    print(f"evaluation: {1e3 * ours:.2f} ms, "
-          f"{times['Diffrax Jacobian blocks'] / ours:.2f}x Diffrax's")  # fmt: skip
+    times = time_interleaved(tasks, opts.repeats, log=lambda *_: None)
+    mesh = held["mesh"]
+    gap = jnp.max(
+        jnp.abs(blocks(FHN_GUESS, y0s, mesh) - diffrax_blocks(FHN_GUESS, y0s))
+    )
+    steps = f"{int(mesh.num_steps.min())}-{int(mesh.num_steps.max())} steps"
+    print(f"FitzHugh-Nagumo, {opts.n} experiments, {len(ts)} times, {steps}, "
+          f"buffer {opts.buffer}; Jacobian blocks' largest difference from "
+          f"Diffrax's: {float(gap):.1e}")  # fmt: skip
+    for name, t in times.items():
+        print(f"{name}: {1e3 * t['min_s']:.2f} ms (median {1e3 * t['median_s']:.2f}), "
+              f"compile {t['compile_s']:.2f} s")  # fmt: skip
+    evaluation = (
+        times["gradsolve recording"]["min_s"]
+        + times["gradsolve Jacobian blocks"]["min_s"]
+    )
+    ratio = times["Diffrax Jacobian blocks"]["min_s"] / evaluation
+    print(f"evaluation: {1e3 * evaluation:.2f} ms, {ratio:.2f}x Diffrax's")
 
 
 if __name__ == "__main__":
