@@ -30,6 +30,7 @@ from ._record import record_loop
 from ._saving import SavePlan
 from ._sharding import explained_explicit_mesh
 from ._solution import Solution
+from ._tracing import differentiated_inside_jit
 
 
 def _record(
@@ -189,8 +190,7 @@ def _prepare_and_convert(terms, t0, t1, dt0, y0, args, saveat):
     return prepared, f, dynamic
 
 
-@eqx.filter_jit
-def _fast_diffeqsolve(
+def _fast_diffeqsolve_traced(
     terms,
     solver,
     t0,
@@ -238,6 +238,17 @@ def _fast_diffeqsolve(
         result=out.result,
         mesh=out.mesh,
     )
+
+
+_fast_diffeqsolve_jitted = eqx.filter_jit(_fast_diffeqsolve_traced)
+
+
+def _fast_diffeqsolve(*inputs):
+    """The solve as one compiled program; traced inline where it is differentiated
+    inside the caller's `jit` (see `_tracing.py`)."""
+    if differentiated_inside_jit():
+        return _fast_diffeqsolve_traced(*inputs)
+    return _fast_diffeqsolve_jitted(*inputs)
 
 
 def diffeqsolve(
