@@ -1,9 +1,6 @@
 """`diffeqsolve` and `record`: the adaptive solve, with the Diffrax fallback."""
 
-import contextlib
 import functools
-import math
-import numbers
 
 import diffrax
 import equinox as eqx
@@ -15,8 +12,7 @@ import jax.tree_util as jtu
 # point `diffrax.diffeqsolve` at `gs.diffeqsolve`, and the fallback must not recurse.
 from diffrax._integrate import diffeqsolve as _diffrax_diffeqsolve
 
-from ._adjoint import adjoint_loop
-from ._diagnose import is_concrete, pid_settings, throw_eagerly, throw_in_graph
+from ._diagnose import is_concrete, throw_eagerly, throw_in_graph
 from ._fallback import (
     differentiated,
     fallback_reason,
@@ -25,230 +21,16 @@ from ._fallback import (
 )
 from ._kernel_select import check_kernel_option
 from ._mesh import RecordedMesh
-from ._problem import LeafProblem, check_concrete_inputs, has_jump_ts, prepare
-from ._record import record_loop
+from ._one_call import fast_diffeqsolve, record_steps
+from ._problem import check_concrete_inputs, prepare
 from ._saving import SavePlan
 from ._sharding import explained_explicit_mesh
-from ._solution import Solution
-from ._tracing import differentiated_inside_jit
-
-
-def _record(
-    diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, keep, kernel
-):
-    y0, args, f = diff
-    problem = LeafProblem(f=f, args=args, treedef=treedef)
-    return record_loop(
-        problem,
-        solver,
-        t0,
-        t1,
-        dt0,
-        y0,
-        controller,
-        plan,
-        max_steps,
-        keep_states=keep,
-        has_jumps=has_jump_ts(controller),
-        kernel=kernel,
-    )
-
-
-@contextlib.contextmanager
-def _explained_forward_mode():
-    """JAX's own error for `jax.jvp` / `jax.jacfwd` through the reverse-mode solve,
-    with where forward mode is available."""
-    try:
-        yield
-    except TypeError as e:
-        if "forward-mode autodiff" not in str(e):
-            raise
-        raise TypeError(
-            "gs.diffeqsolve is differentiated in reverse mode (jax.grad, jax.vjp, "
-            "jax.jacrev), as diffrax.diffeqsolve with its default adjoint. For "
-            "forward mode (jax.jvp, jax.jacfwd, jax.hessian) differentiate "
-            "gs.replay over a mesh (mesh = gs.record(...) or sol.mesh), or pass "
-            "adjoint=diffrax.DirectAdjoint(), which hands the solve to Diffrax."
-        ) from e
-
-
-def _check_max_steps(max_steps) -> int:
-    """`max_steps` as a Python `int` (a NumPy integer is accepted), or an error."""
-    if (
-        isinstance(max_steps, bool)
-        or not isinstance(max_steps, numbers.Integral)
-        or max_steps < 1
-    ):
-        raise ValueError(
-            f"max_steps={max_steps!r}: it must be a positive integer, the most steps "
-            "the solve may take (e.g. the default 4096)."
-        )
-    return int(max_steps)
-
-
-def _check_solver(solver) -> None:
-    if not isinstance(solver, diffrax.AbstractSolver):
-        hint = " (a class: call it)" if isinstance(solver, type) else ""
-        raise TypeError(
-            f"solver={solver!r}{hint} is not a solver: pass an instance such as "
-            "gs.Tsit5(), gs.Dopri5(), gs.Rodas5() or any Diffrax solver."
-        )
-
-
-def _check_tolerances(controller) -> None:
-    """A `PIDController`'s `rtol`/`atol` must be finite, non-negative and not both
-    zero (else no step is ever accepted, and the solve ends at `max_steps`), and its
-    `dtmax` positive (else no step can be taken: the solve would end at `max_steps`
-    with a message about the vector field)."""
-    settings = pid_settings(controller, "rtol", "atol", "dtmax")
-    if settings is None:
-        return
-    rtol, atol, dtmax = settings
-    if rtol is None or atol is None:
-        return  # traced tolerances: not checked
-    if not all(math.isfinite(x) and x >= 0 for x in (rtol, atol)) or rtol == atol == 0:
-        raise ValueError(
-            f"PIDController(rtol={rtol!r}, atol={atol!r}): tolerances must be finite, "
-            "non-negative and not both zero (e.g. rtol=1e-6, atol=1e-8)."
-        )
-    if dtmax is not None and not dtmax > 0:
-        raise ValueError(
-            f"PIDController(dtmax={dtmax!r}): dtmax must be positive, the largest "
-            "step allowed (or None for no limit)."
-        )
-
-
-@eqx.filter_custom_vjp
-def _solve(diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, kernel):
-    return _record(
-        diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, False, kernel
-    )
-
-
-@_solve.def_fwd
-def _solve_fwd(
-    perturbed, diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, kernel
-):
-    # The adjoint needs checkpointed states, which only the XLA loop keeps.
-    del perturbed, kernel
-    out = _record(
-        diff, solver, t0, t1, dt0, controller, plan, max_steps, treedef, True, "xla"
-    )
-    residuals = (
-        out.mesh,
-        out.states,
-        out.layout,
-        out.checkpoint_every,
-        out.segment_length,
-    )
-    out = eqx.tree_at(lambda o: o.states, out, None, is_leaf=lambda x: x is None)
-    return out, residuals
-
-
-@_solve.def_bwd
-def _solve_bwd(
-    residuals,
-    grad_obj,
-    perturbed,
-    diff,
-    solver,
-    t0,
-    t1,
-    dt0,
-    controller,
-    plan,
-    max_steps,
-    treedef,
-    kernel,
-):
-    del perturbed, t0, t1, dt0, controller, max_steps, kernel
-    mesh, states, layout, every, length = residuals
-    ys_bar = [
-        jnp.zeros((plan.size(mesh.max_steps),) + y.shape, y.dtype) if g is None else g
-        for g, y in zip(grad_obj.ys, diff[0])
-    ]
-    return adjoint_loop(
-        solver, mesh, states, layout, plan, ys_bar, diff, treedef, every, length
-    )
-
-
-def _prepare_and_convert(terms, t0, t1, dt0, y0, args, saveat):
-    t0, t1, dt0, saveat = refuse_time_derivatives(t0, t1, dt0, saveat)
-    prepared = prepare(terms, t0, t1, dt0, y0, args, saveat)
-    # Make closed-over arrays of the vector field explicit, so that they are
-    # differentiated like `args` (and custom_vjp sees no closed-over tracers). The
-    # non-array part of `args` is closed over too: a function passed in `args` may
-    # itself close over arrays being differentiated.
-    dynamic, static = eqx.partition(args, eqx.is_array)
-    field = prepared.problem.f
-    f = eqx.filter_closure_convert(
-        lambda t, y, a: field(t, y, eqx.combine(a, static)),
-        prepared.t0,
-        jtu.tree_unflatten(prepared.problem.treedef, prepared.y0),
-        dynamic,
-    )
-    return prepared, f, dynamic
-
-
-def _fast_diffeqsolve_traced(
-    terms,
-    solver,
-    t0,
-    t1,
-    dt0,
-    y0,
-    args,
-    saveat,
-    stepsize_controller,
-    max_steps,
-    throw,
-    kernel,
-):
-    prepared, f, args = _prepare_and_convert(terms, t0, t1, dt0, y0, args, saveat)
-    treedef = prepared.problem.treedef
-    out = _solve(
-        (prepared.y0, args, f),
-        solver,
-        prepared.t0,
-        prepared.t1,
-        prepared.dt0,
-        stepsize_controller,
-        prepared.plan,
-        max_steps,
-        treedef,
-        kernel,
-    )
-    ys = out.ys
-    if throw:
-        ys = throw_in_graph(
-            ys,
-            out.result,
-            max_steps,
-            prepared.valid,
-            out.t_reached,
-            prepared.t0,
-            prepared.t1,
-        )
-    return Solution(
-        t0=prepared.t0,
-        t1=prepared.t1,
-        ts=out.ts,
-        ys=jtu.tree_unflatten(treedef, ys),
-        stats=out.stats,
-        result=out.result,
-        mesh=out.mesh,
-    )
-
-
-_fast_diffeqsolve_jitted = eqx.filter_jit(_fast_diffeqsolve_traced)
-
-
-def _fast_diffeqsolve(*inputs):
-    """The solve as one compiled program; traced inline where it is differentiated
-    inside the caller's `jit` (see `_tracing.py`)."""
-    if differentiated_inside_jit():
-        return _fast_diffeqsolve_traced(*inputs)
-    return _fast_diffeqsolve_jitted(*inputs)
+from ._solve_checks import (
+    check_max_steps,
+    check_solver,
+    check_tolerances,
+    explained_forward_mode,
+)
 
 
 def diffeqsolve(
@@ -306,7 +88,7 @@ def diffeqsolve(
     A [`gradsolve.Solution`][] (`ts`, `ys`, `stats`, `result`, `mesh`) on the fast
     path, else a `diffrax.Solution`.
     """
-    _check_solver(solver)
+    check_solver(solver)
     reason = fallback_reason(
         terms,
         solver,
@@ -353,13 +135,13 @@ def diffeqsolve(
             made_jump=made_jump,
             discrete_terminating_event=discrete_terminating_event,
         )
-    max_steps = _check_max_steps(max_steps)
-    _check_tolerances(stepsize_controller)
+    max_steps = check_max_steps(max_steps)
+    check_tolerances(stepsize_controller)
     check_concrete_inputs(t0, t1, dt0, y0, args, saveat)
     # Called eagerly, a failure is explained on the host (with its time and cause).
     eager = throw and is_concrete(terms, t0, t1, dt0, y0, args, saveat)
-    with explained_explicit_mesh("gs.diffeqsolve"), _explained_forward_mode():
-        sol = _fast_diffeqsolve(
+    with explained_explicit_mesh("gs.diffeqsolve"), explained_forward_mode():
+        sol = fast_diffeqsolve(
             terms,
             solver,
             t0,
@@ -407,7 +189,7 @@ def _accepted_states(terms, solver, t0, t1, dt0, y0, args, controller, max_steps
     """The states a (failed) solve accepted, at `t0` and at each step's end: what a
     failure's diagnosis looks at."""
     saveat = diffrax.SaveAt(t0=True, steps=True)
-    return _fast_diffeqsolve(
+    return fast_diffeqsolve(
         terms,
         solver,
         t0,
@@ -446,7 +228,7 @@ def _fast_record(
     )
     # The mesh does not depend on what is saved: record without saving anything.
     nothing = SavePlan(ts=None, t0=False, t1=False, steps=False)
-    out = _record(
+    out = record_steps(
         (y0, args, prepared.problem.f),
         solver,
         prepared.t0,
@@ -512,7 +294,7 @@ def record(
     A [`gradsolve.RecordedMesh`][] whose steps are those `diffrax.diffeqsolve` takes
     with the corresponding Diffrax solver, to round-off.
     """
-    _check_solver(solver)
+    check_solver(solver)
     reason = fallback_reason(
         terms,
         solver,
@@ -536,8 +318,8 @@ def record(
         )
     if differentiated((t0, t1, dt0, saveat.subs.ts, stepsize_controller)):
         _no_time_derivative_error()
-    max_steps = _check_max_steps(max_steps)
-    _check_tolerances(stepsize_controller)
+    max_steps = check_max_steps(max_steps)
+    check_tolerances(stepsize_controller)
     check_concrete_inputs(t0, t1, dt0, y0, args, saveat)
     eager = throw and is_concrete(terms, t0, t1, dt0, y0, args, saveat)
     with explained_explicit_mesh("gs.record"):

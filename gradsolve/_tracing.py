@@ -36,4 +36,3 @@ def differentiated_inside_jit() -> bool:
     except (ImportError, AttributeError):
         return False
     return False
-

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import gradsolve as gs
-import gradsolve._solve as solve_module
+import gradsolve._one_call as one_call
 from gradsolve._tracing import differentiated_inside_jit
 
 
@@ -47,13 +47,13 @@ def test_differentiated_inside_jit(case):
 
 def test_one_call_gradient_traces_the_recording_once(monkeypatch):
     traced = []
-    record = solve_module._record
+    record = one_call.record_steps
 
     def counting(*args):
         traced.append(args[-2])  # whether the states are kept (the forward rule)
         return record(*args)
 
-    monkeypatch.setattr(solve_module, "_record", counting)
+    monkeypatch.setattr(one_call, "record_steps", counting)
     term = gs.ODETerm(lotka_volterra)
     y0 = jnp.array([1.0, 0.5])
     ctrl = gs.PIDController(rtol=1e-8, atol=1e-8)
