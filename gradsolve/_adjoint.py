@@ -17,9 +17,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._components import Representation
 from ._mesh import RecordedMesh
 from ._problem import LeafProblem
+from ._representation import Representation
 from ._saving import SaveLayout, SavePlan
 from ._solver.base import AbstractGradsolveSolver
 from ._solver.interpolation import normalised_time

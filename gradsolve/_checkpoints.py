@@ -23,7 +23,7 @@ import math
 
 import jax.numpy as jnp
 
-from ._components import array_field_jaxpr, equations
+from ._representation import array_field_jaxpr, equations
 
 
 # Segments of this many steps for a cheap field ...

@@ -11,12 +11,12 @@ from diffrax._term import WrapTerm
 from jaxtyping import Array
 
 from ._checkpoints import segment_length
-from ._components import Representation
 from ._controller import NORMS, on_components
 from ._kernel import kernel_loop
 from ._kernel_select import kernel_considered, kernel_unsupported, use_kernel
 from ._mesh import RecordedMesh, StateStructure, pad_after
 from ._problem import LeafProblem
+from ._representation import Representation
 from ._saving import SaveLayout, SavePlan, assemble, caller_times, save_layout
 from ._solver.base import AbstractGradsolveSolver, opaque
 from ._solver.interpolation import combine, normalised_time

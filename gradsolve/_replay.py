@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from diffrax._saveat import save_y as _save_y  # the default SaveAt fn
 
-from ._components import Representation
 from ._controller import NORMS, scaled_error as component_scaled_error
 from ._mesh import RecordedMesh
 from ._mesh_checks import check_batch, check_complete, check_state, error_if_incomplete
 from ._problem import LeafProblem, prepare
 from ._recorded_steps import fill_after, scan_recorded
+from ._representation import Representation
 from ._saving import SavePlan, assemble, caller_times, save_layout
 from ._sharding import resolve_split, run_sharded
 from ._solution import Solution

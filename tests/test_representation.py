@@ -13,8 +13,8 @@ import jax.tree_util as jtu
 import pytest
 
 import gradsolve as gs
-from gradsolve._components import choose_layout
 from gradsolve._problem import LeafProblem
+from gradsolve._representation import choose_layout
 
 from .helpers import PROBLEMS, max_relative_error
 

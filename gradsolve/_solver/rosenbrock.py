@@ -8,9 +8,9 @@ import diffrax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from .._components import Representation
 from .._custom_types import Leaves
 from .._problem import LeafProblem
+from .._representation import Representation
 from .base import AbstractGradsolveSolver, linear_combination
 from .interpolation import AbstractWeightedInterpolation, Weights
 from .linear import linearise, system
