@@ -16,73 +16,20 @@ from ._mesh_checks import check_batch, check_complete, check_state, error_if_inc
 from ._problem import LeafProblem, prepare
 from ._recorded_steps import fill_after, scan_recorded
 from ._representation import Representation
-from ._saving import SavePlan, assemble, caller_times, save_layout
+from ._saving import (
+    SavePlan,
+    assemble,
+    before_steps,
+    caller_times,
+    save_layout,
+    values_at_saves,
+)
 from ._sharding import resolve_split, run_sharded
 from ._solution import Solution
 from ._solver.base import AbstractGradsolveSolver, opaque, runtime_zero
 from ._solver.interpolation import combine, normalised_time
 from ._solver.rosenbrock import AbstractRosenbrock
-from ._stale import check_stale
-
-
-def scaled_error(norm, rtol, atol, as_tree, y0, y1, y_error):
-    """The error ratio Diffrax's `PIDController` accepts a step on (accept if < 1),
-    for a state held as leaves or a norm other than the RMS or max norm.
-
-    `as_tree` turns the list of scaled errors into what `norm` takes.
-    """
-
-    def scale(a, b, e):
-        b = jnp.where(jnp.isnan(b).any(), a, b)
-        with jax.numpy_dtype_promotion("standard"):
-            return e / (atol + jnp.maximum(jnp.abs(a), jnp.abs(b)) * rtol)
-
-    e = [jnp.where(jnp.isnan(x), jnp.inf, x) for x in y_error]
-    return norm(as_tree([scale(a, b, x) for a, b, x in zip(y0, y1, e)]))
-
-
-def values_at_saves(
-    solver, vf, starts, ends, direction, theta, before, after, forward_only
-):
-    """The dense output at the save times, from the steps that hold them: step `i`
-    from `starts[i]` to `ends[i]`, its states `before[i]` and `after[i]` (scalar
-    components), at normalised time `theta[i]`; the stages are computed again.
-
-    On components a step is one fused kernel per output, and every array a scan
-    keeps is one more kernel per step: keeping Tsit5's seven stages at every step
-    for the interpolation made a replay of 64 Lotka-Volterra trajectories with 20
-    save times 6x slower than one saving only `t1` (0.37 against 0.06 ms). Computed
-    again after the scan, the stages of the save times cost about as much as the
-    scan's states. (The inputs must be components: split and merged inside the
-    recomputation, a leaf's component axis is transposed in every kernel, which
-    XLA then does not vectorise.)
-
-    One batch (`jax.vmap`), or a loop (`lax.map`) when the replay is `forward_only`
-    (`gs.fit`'s forward-mode Jacobian blocks). There, batched, XLA fused the stages'
-    tangents into the kernel that writes the values, transposed, and computed the
-    whole chain of stages again for every component and tangent of every value
-    (an optimization barrier does not stop it: XLA's CPU pipeline removes them
-    before fusion): in a fit of 32 FitzHugh-Nagumo experiments that kernel was half
-    the time, the compiled fit 35 ms against 18.7 ms with the loop. Elsewhere the
-    batch: a loop's reverse-mode gradient was 10% slower on 64 Lotka-Volterra
-    trajectories, and rounded differently with the batch size, so that an ensemble
-    split over devices (padded) no longer had the unsplit one's gradients bit for
-    bit.
-    """
-    weights = solver.interpolation_cls.weights
-
-    def value(step):
-        s, e, th, y0, y1 = step
-        _, _, ks, _ = solver.step_leaves(vf, s, e, direction, y0, None)
-        return combine(weights(th), y0, y1, ks)
-
-    steps = (starts, ends, theta, before, after)
-    return jax.lax.map(value, steps) if forward_only else jax.vmap(value)(steps)
-
-
-def _before_steps(y0, states, n):
-    """The states at the start of steps `n`, from `y0` and the states after each."""
-    return [jnp.concatenate([a[None], s[:-1]])[n] for a, s in zip(y0, states)]
+from ._stale import check_stale, roundoff_margin, scaled_error
 
 
 def mesh_steps(mesh: RecordedMesh):
@@ -199,12 +146,12 @@ def replay_one(
         if recompute_stages:
             values = values_at_saves(
                 solver, vf, starts[n], ends[n], direction, theta,
-                _before_steps(y0_comps, state_comps, n),
+                before_steps(y0_comps, state_comps, n),
                 [s[n] for s in state_comps], forward_only,
             )  # fmt: skip
             ts_values = to_leaves(values, 1)
         else:
-            before, after = _before_steps(y0, states, n), [s[n] for s in states]
+            before, after = before_steps(y0, states, n), [s[n] for s in states]
             stage_ks = [[leaf[n] for leaf in stage] for stage in ks]
             weights = solver.interpolation_cls.weights
             ts_values = jax.vmap(lambda th, a, b, k: combine(weights(th), a, b, k))(
@@ -229,28 +176,6 @@ def replay_one(
         max_ratio = jnp.max(jnp.where(jnp.isnan(ratios), jnp.inf, ratios))
         max_ratio = max_ratio / (1 + roundoff_margin(jnp.result_type(*y0), mesh.rtol))
     return caller_times(direction, ts_out), ys_out, max_ratio
-
-
-def roundoff_margin(dtype, rtol):
-    """How far the error ratio of a step may move with the rounding of its error
-    estimate: `eps / rtol`.
-
-    The replay computes each step's ratio with the operations the recording used to
-    accept it, and reproduces it bit for bit when XLA compiles both programs alike.
-    It need not: XLA fuses a multiplication into a following addition only when the
-    product has no other use in the same kernel, so a vector field whose outputs
-    share a product (`inf = b * S * I` in both `dS` and `dI`) can be rounded
-    differently in the recording's loop and in the replay's scan, by an ulp of its
-    terms. The error estimate, a sum of stage increments that nearly cancels, then
-    moves by about `eps |y|`, and the ratio by about `eps / rtol`: up to 5.4% in
-    float32 at `rtol=1e-7` on 1,000 SIR trajectories. The replay reports its ratio
-    against the tolerance widened by this margin, so that a fresh mesh reads `<= 1`.
-    (In float64 the margin is `2e-16 / rtol`: nothing at usual tolerances. In
-    float32 at `rtol=1e-6` it is 12%, as close as the check can tell a step that
-    meets the tolerance from one that misses it there.)
-    """
-    eps = jnp.finfo(dtype).eps
-    return eps / jnp.maximum(rtol, eps)
 
 
 def replay(

@@ -193,7 +193,7 @@ def test_fresh_meshes_within_the_roundoff_margin():
 
 
 def test_roundoff_margin():
-    from gradsolve._replay import roundoff_margin
+    from gradsolve._stale import roundoff_margin
 
     assert float(roundoff_margin(jnp.float32, 1e-6)) == pytest.approx(0.119, rel=0.01)
     assert float(roundoff_margin(jnp.float64, 1e-8)) < 3e-8
