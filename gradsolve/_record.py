@@ -16,10 +16,10 @@ from ._kernel import kernel_loop
 from ._kernel_select import kernel_considered, kernel_unsupported, use_kernel
 from ._mesh import RecordedMesh, StateStructure, pad_after
 from ._problem import LeafProblem
+from ._record_xla import xla_loop
 from ._representation import Representation
 from ._saving import SaveLayout, SavePlan, assemble, caller_times, save_layout
 from ._solver.base import AbstractGradsolveSolver, opaque
-from ._solver.interpolation import combine, normalised_time
 
 
 class RecordOutput(eqx.Module):
@@ -67,16 +67,6 @@ def _steps_below(x, n: int):
     below = jnp.where(jnp.abs(order) < tiny, -tiny - (n - 1), below)
     sign = jnp.where(below < 0, jnp.iinfo(int_type).min, 0).astype(int_type)
     return jax.lax.bitcast_convert_type(jnp.abs(below) | sign, x.dtype)
-
-
-def _where(pred, new, old):
-    return [jnp.where(pred, a, b) for a, b in zip(new, old)]
-
-
-def _set_if(buffer, index, value, pred):
-    # `buffer` is an `eqxi.while_loop` buffer: the write is predicated in place (under
-    # vmap only the written row is selected, not the whole buffer).
-    return buffer.at[index].set(value, pred=pred)
 
 
 def record_loop(
@@ -196,7 +186,7 @@ def record_loop(
         # The kernel writes internal times; the XLA loop writes the caller's.
         c["mesh_ts"] = direction * c["mesh_ts"]
     else:
-        c, every = _xla_loop(
+        c, every = xla_loop(
             problem,
             solver,
             step_controller,
@@ -302,157 +292,6 @@ def record_loop(
         checkpoint_every=every,
         segment_length=segment,
     )
-
-
-def _xla_loop(
-    problem,
-    solver,
-    controller,
-    error_order,
-    vf,
-    as_tree,
-    t0,
-    lane,
-    plan,
-    max_steps,
-    keep_states,
-    has_jumps,
-    segment,
-    fsal,
-):
-    """The stepping loop as an XLA `while_loop`. Returns its final carry and how
-    often it kept a state (`every`): every step when steps are saved, else every
-    `segment`-th."""
-    interpolation = solver.interpolation_cls
-    ti0, ti1, direction = lane["ti0"], lane["ti1"], lane["direction"]
-    clip_floor, y = lane["clip_floor"], lane["y"]
-    time_dtype = jnp.result_type(ti0)
-    num_ts = 0 if plan.ts is None else len(plan.ts)
-    zeros_like = lambda leaves, n: [jnp.zeros((n,) + x.shape, x.dtype) for x in leaves]
-    carry = dict(
-        tprev=ti0,
-        tnext=lane["tnext"],
-        y=y,
-        made_jump=jnp.array(False),
-        controller_state=lane["cstate"],
-        num_steps=jnp.array(0),
-        num_accepted=jnp.array(0),
-        num_rejected=jnp.array(0),
-        result=diffrax.RESULTS.successful,
-        # In the caller's time (no copy of the whole buffer to convert it after the
-        # loop). Filled with t1: after a successful solve the padding is in place.
-        mesh_ts=jnp.full((max_steps + 1,), direction * ti1, dtype=time_dtype)
-        .at[0]
-        .set(direction * ti0),
-        ts_index=jnp.array(0),
-        ts_values=zeros_like(y, num_ts),
-        # The step each `ts` value falls in, noted when it is saved (a binary
-        # search over the `max_steps`-long buffer afterwards costs more than the
-        # steps of a short solve). Unsaved values are set after the loop.
-        ts_steps=jnp.zeros((num_ts,), dtype=int),
-    )
-    if fsal:
-        carry["f_fsal"] = vf(t0, y)
-    if has_jumps:
-        carry["starts"] = jnp.full((max_steps,), ti0, dtype=time_dtype)
-        carry["restarts"] = jnp.zeros((max_steps,), dtype=bool)
-    # Every state is kept when saved (`SaveAt(steps=True)`); for the adjoint alone,
-    # every `segment`-th (it recomputes the others one segment at a time).
-    # They are kept as the steps hold them (components for a small state).
-    every = 1 if plan.steps else segment
-    if keep_states or plan.steps:
-        carry["states"] = [
-            jnp.broadcast_to(x, (max_steps // every + 1,) + x.shape) for x in y
-        ]
-
-    def cond_fn(c):
-        running = (c["tprev"] < ti1) & (c["num_steps"] < max_steps)
-        return running & (c["result"] == diffrax.RESULTS.successful)
-
-    def body_fn(c):
-        c = dict(c)
-        tprev, tnext, y = c["tprev"], c["tnext"], c["y"]
-        f0 = c.get("f_fsal")
-        if has_jumps and f0 is not None:
-            f0 = _where(c["made_jump"], vf(direction * tprev, y), f0)
-        y1, y_error, ks, f1 = solver.step_leaves(vf, tprev, tnext, direction, y, f0)
-        y_error = [jnp.where(jnp.isnan(e), jnp.inf, e) for e in y_error]
-        (keep, next_tprev, next_tnext, made_jump, controller_state, ctrl_result) = (
-            controller.adapt_step_size(
-                tprev,
-                tnext,
-                as_tree(y),
-                as_tree(y1),
-                problem.args,
-                as_tree(y_error),
-                error_order,
-                c["controller_state"],
-            )
-        )
-        next_tprev = jnp.minimum(next_tprev, ti1)
-        clip = next_tnext > clip_floor
-        next_tnext = jnp.where(
-            clip,
-            jnp.where(keep, ti1, next_tprev + 0.5 * (ti1 - next_tprev)),
-            next_tnext,
-        )
-        index = c["num_accepted"]
-        c["mesh_ts"] = _set_if(c["mesh_ts"], index + 1, direction * tnext, keep)
-        if has_jumps:
-            c["starts"] = _set_if(c["starts"], index, tprev, keep)
-            c["restarts"] = _set_if(c["restarts"], index, c["made_jump"], keep)
-        if "states" in c:
-            at_checkpoint = keep & ((index + 1) % every == 0)
-            c["states"] = [
-                _set_if(s, (index + 1) // every, v, at_checkpoint)
-                for s, v in zip(c["states"], y1)
-            ]
-        if num_ts > 0:
-
-            def save_cond(s):
-                i = s[0]
-                return (
-                    keep & (i < num_ts) & (plan.ts[jnp.minimum(i, num_ts - 1)] <= tnext)
-                )
-
-            def save_body(s):
-                i, values, steps = s
-                theta = normalised_time(tprev, plan.ts[i], tnext)
-                y_t = combine(interpolation.weights(theta), y, y1, ks)
-                values = [v.at[i].set(x) for v, x in zip(values, y_t)]
-                return i + 1, values, steps.at[i].set(index)
-
-            c["ts_index"], c["ts_values"], c["ts_steps"] = jax.lax.while_loop(
-                save_cond,
-                save_body,
-                (c["ts_index"], c["ts_values"], c["ts_steps"]),
-            )
-        c["y"] = _where(keep, y1, y)
-        if f0 is not None:
-            c["f_fsal"] = _where(keep, f1, f0)
-        c["made_jump"] = jnp.where(keep, made_jump, c["made_jump"])
-        c["tprev"], c["tnext"] = next_tprev, next_tnext
-        c["controller_state"] = controller_state
-        c["result"] = diffrax.RESULTS.where(
-            c["result"] == diffrax.RESULTS.successful, ctrl_result, c["result"]
-        )
-        c["num_steps"] = c["num_steps"] + 1
-        c["num_accepted"] = index + jnp.where(keep, 1, 0)
-        c["num_rejected"] = c["num_rejected"] + jnp.where(keep, 0, 1)
-        return c
-
-    buffer_keys = [k for k in ("mesh_ts", "starts", "restarts", "states") if k in carry]
-    # `eqxi.while_loop` (as Diffrax uses) rather than `lax.while_loop`: under `vmap` a
-    # `lax.while_loop` with a batched predicate `select`s its whole carry every
-    # iteration, which copies the `(max_steps + 1, ...)` buffers once per step.
-    c = eqxi.while_loop(
-        cond_fn,
-        body_fn,
-        carry,
-        kind="lax",
-        buffers=lambda c: [c[k] for k in buffer_keys],
-    )
-    return c, every
 
 
 def _tolerances(controller):
