@@ -22,17 +22,15 @@ from ._memory import (
     estimate_memory as estimate_memory,
     fit_chunk,
     record_footprint,
-    replay_footprint,
 )
 from ._mesh import RecordedMesh
 from ._mesh_checks import check_complete, rows_fault
 from ._record_chunks import record_in_chunks
-from ._replay import replay
+from ._replay_chunks import replay_chunks, replay_chunks_footprint, replay_compiled
 from ._sharding import Split, full_axes, pad_rows, resolve_split, run_sharded
 from ._short_buffer import SHORT_BUFFER, pad_steps
 from ._solution import Solution
 from ._solve import record
-from ._stale import check_stale
 
 
 def _check_count(value, name: str, meaning: str, default: str | None = None) -> None:
@@ -313,7 +311,7 @@ def replay_ensemble(
     devices = 1 if split is None else split.size
     if chunk_size is None:
         # Sized for the gradient, which needs more than the replay it runs.
-        need = _replay_footprint(mesh, y0, solver, args, args_axes, saveat)
+        need = replay_chunks_footprint(mesh, y0, solver, args, args_axes, saveat)
         budget = _device_budget(memory_budget, split)
         fix = (
             f"replay over a shorter mesh (it has {mesh.max_steps} steps; "
@@ -325,111 +323,7 @@ def replay_ensemble(
     partial = allow_partial or check_complete(mesh)
     fixed = (terms, solver, saveat, args_axes, stale, partial, chunk_size)
     if split is None:
-        sol = _replay_compiled(*fixed, *inputs)
+        sol = replay_compiled(*fixed, *inputs)
         return eqx.tree_at(lambda s: s.mesh, sol, mesh, is_leaf=_is_none)
     axes = (None,) * len(fixed) + in_axes
-    return run_sharded(_replay_chunks, fixed + inputs, axes, split)
-
-
-def _replay_footprint(mesh, y0, solver, args, args_axes, saveat):
-    """The gradient's `Footprint` for these replay arguments."""
-    sub = saveat.subs if isinstance(saveat.subs, diffrax.SubSaveAt) else None
-    if sub is None:  # gs.replay says what it supports
-        return replay_footprint(mesh.max_steps, y0, solver, gradient=True)
-    times = 0 if sub.ts is None else len(sub.ts)
-    saves = times + bool(sub.t0) + bool(sub.t1) + (mesh.max_steps if sub.steps else 0)
-    return replay_footprint(
-        mesh.max_steps,
-        y0,
-        solver,
-        None if args_axes is None else args,
-        saves=max(saves, 1),
-        dense=times > 0,
-        keep_states=bool(sub.steps),
-        gradient=True,
-    )
-
-
-def _replay_chunks(
-    terms, solver, saveat, args_axes, stale, partial, chunk_size, mesh, y0, args
-):
-    """`replay_ensemble` on one device's trajectories.
-
-    Every chunk's rows are sliced out of the inputs where they lie (a padded or
-    reshaped copy of the whole mesh would cost more than the chunks): chunk `k`
-    replays rows `[k * chunk_size, (k + 1) * chunk_size)`, and the last one the last
-    `chunk_size` rows, which overlap the previous chunk's. The overlapping rows are
-    replayed twice by the same program, so the results are the same either way.
-    """
-    batch = mesh.ts.shape[0]
-    if batch == 0 or chunk_size >= batch:
-        return replay(
-            mesh,
-            terms,
-            solver,
-            y0,
-            args,
-            saveat=saveat,
-            args_axes=args_axes,
-            stale=stale,
-            allow_partial=partial,
-        )
-    chunks = -(-batch // chunk_size)
-    starts = jnp.minimum(jnp.arange(chunks) * chunk_size, batch - chunk_size)
-
-    @jax.checkpoint
-    def one(start):
-        take = lambda x: jax.lax.dynamic_slice_in_dim(x, start, chunk_size)
-        a = args if args_axes is None else jtu.tree_map(take, args)
-        sol = replay(
-            jtu.tree_map(take, mesh),
-            terms,
-            solver,
-            jtu.tree_map(take, y0),
-            a,
-            saveat=saveat,
-            args_axes=args_axes,
-            stale="ignore",
-            allow_partial=partial,
-        )
-        return sol.ts, sol.ys, sol.stats.get("max_error_ratio")
-
-    ts, ys, ratio = jax.lax.map(one, starts)
-    # Rows of the last chunk that the previous chunks did not replay.
-    new = batch - (chunks - 1) * chunk_size
-
-    def merge(x):
-        if x is None:
-            return None
-        done = x[:-1].reshape((-1,) + x.shape[2:])
-        return jnp.concatenate([done, x[-1, chunk_size - new :]])
-
-    ts, ys, ratio = merge(ts), jtu.tree_map(merge, ys), merge(ratio)
-    ts, ys = check_stale((ts, ys), ratio, stale)
-    stats = dict(
-        num_steps=mesh.num_steps,
-        num_accepted_steps=mesh.num_steps,
-        num_rejected_steps=jnp.zeros_like(mesh.num_steps),
-        max_steps=mesh.max_steps,
-    )
-    if ratio is not None:
-        stats["max_error_ratio"] = ratio
-    return Solution(
-        t0=mesh.ts[:, 0],
-        t1=mesh.ts[:, -1],
-        ts=ts,
-        ys=ys,
-        stats=stats,
-        result=mesh.result,
-        mesh=mesh,
-    )
-
-
-@eqx.filter_jit
-def _replay_compiled(*inputs):
-    """`_replay_chunks` compiled as one program, also when called outside `jit`: op
-    by op, every slice would be a new copy of the ensemble's arrays (and every call
-    would compile the replay again). The solution comes without its mesh, which the
-    caller puts back: an output of a compiled program is a copy."""
-    sol = _replay_chunks(*inputs)
-    return eqx.tree_at(lambda s: s.mesh, sol, None)
+    return run_sharded(replay_chunks, fixed + inputs, axes, split)

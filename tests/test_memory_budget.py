@@ -116,14 +116,14 @@ def _planned(path, mesh, solver, y0s, params, budget):
     `gs.replay_ensemble` chooses (`None` for gradsolve versions without these
     functions)."""
     try:
-        from gradsolve._ensemble import _replay_footprint
         from gradsolve._memory import fit_chunk, replay_footprint
+        from gradsolve._replay_chunks import replay_chunks_footprint
     except ImportError:
         return None
     import gradsolve as gs
 
     n = mesh.ts.shape[0]
-    need = _replay_footprint(mesh, y0s, solver, params, 0, gs.SaveAt(t1=True))
+    need = replay_chunks_footprint(mesh, y0s, solver, params, 0, gs.SaveAt(t1=True))
     chunk = n if budget is None else fit_chunk(n, need, budget, "gradient", "")
     fp = replay_footprint(mesh.max_steps, y0s, solver, params)
     return (fp if path == "replay" else need).bytes(n, chunk)
