@@ -14,6 +14,8 @@ re-assembled with `jnp.stack` and is bound as usual. The result is the same
 computation, so values (and derivatives) agree with the array form to round-off.
 """
 
+import contextlib
+import contextvars
 import functools
 
 import equinox as eqx
@@ -38,6 +40,41 @@ _ELEMENTWISE = frozenset(
     sin sinh sqrt square sub tan tanh xor
     """.split()
 )
+
+
+# Operations a component trace may still emit (`None`: no limit); see
+# `operation_budget`.
+_budget: contextvars.ContextVar = contextvars.ContextVar("budget", default=None)
+
+
+@contextlib.contextmanager
+def operation_budget(limit: int):
+    """Within this context a trace of a field on components emits at most about
+    `limit` scalar operations on traced values (each is one equation of the
+    resulting jaxpr); past that it goes on in array form, which is quick to trace.
+    Yields a callable that says whether the limit was passed: a field whose
+    unrolled form is too large is told apart without unrolling all of it (an MLP
+    with a 32-wide layer: 3,373 operations, 0.1-0.18 s of every first
+    compilation)."""
+    left = [limit]
+    token = _budget.set(left)
+    try:
+        yield lambda: left[0] < 0
+    finally:
+        _budget.reset(token)
+
+
+def _over_budget() -> bool:
+    left = _budget.get()
+    return left is not None and left[0] < 0
+
+
+def _spend(values) -> None:
+    """Count the traced values among `values` (each the result of one operation)
+    against the budget, if there is one."""
+    left = _budget.get()
+    if left is not None:
+        left[0] -= sum(isinstance(v, jax.core.Tracer) for v in values)
 
 
 class _Comp:
@@ -174,6 +211,8 @@ def _eval(jaxpr, consts, args):
 
 def _eval_comp(eqn, prim, invals, avals, out_avals):
     """Evaluate `eqn` keeping components; `None` to fall back to the array form."""
+    if _over_budget():
+        return None
     name = prim.name
     if name in ("pjit", "jit", "closed_call", "core_call"):
         closed = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
@@ -198,6 +237,7 @@ def _eval_comp(eqn, prim, invals, avals, out_avals):
         out = np.empty(shape, dtype=object)
         for idx in np.ndindex(*shape):
             out[idx] = prim.bind(*(e[idx] for e in elems), **eqn.params)
+        _spend(out.flat)
         return [_Comp(out, out_aval.dtype)]
     if name in ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod"):
         op = {
@@ -238,6 +278,7 @@ def _eval_comp(eqn, prim, invals, avals, out_avals):
                 for m in range(k):
                     term = jax.lax.mul(a2[i, m], b2[m, j])
                     acc = term if acc is None else jax.lax.add(acc, term)
+                    _spend((term,) if acc is term else (term, acc))
                 out[i, j] = acc if acc is not None else jnp.zeros((), out_aval.dtype)
         return [_Comp(out.reshape(out_aval.shape), out_aval.dtype)]
     elems = [_as_elems(x, a) for x, a in zip(invals, avals)]

@@ -18,6 +18,7 @@ from ._components import (
     ComponentProblem,
     Layout,
     num_components,
+    operation_budget,
     struct_of,
     trajectory_struct,
 )
@@ -95,15 +96,19 @@ def array_field_jaxpr(problem, shapes, dtypes, time_dtype):
     return jax.make_jaxpr(on_arrays)(t, leaves, structs).jaxpr
 
 
-def _operation_counts(problem, layout: Layout, time_dtype) -> tuple[int, int] | None:
-    """The operations of one evaluation of `problem`'s field on components and on
-    arrays (traced, not compiled); `None` if the field has `STRUCTURED` primitives
-    (then it is not traced on components at all).
+def _components_are_small(problem, layout: Layout, time_dtype) -> bool:
+    """Whether one evaluation of `problem`'s field on components takes at most
+    `max(COMPONENT_OPS_FLOOR, COMPONENT_OPS_RATIO * n)` operations, `n` those it
+    takes on arrays, and the field has none of the `STRUCTURED` primitives (then
+    it is not traced on components at all). Traced, not compiled; the trace on
+    components goes on in array form once past that limit.
 
     Both traces take the field's arrays as inputs (see `array_field_jaxpr`)."""
     array_jaxpr = array_field_jaxpr(problem, layout.shapes, layout.dtypes, time_dtype)
     if _primitives(array_jaxpr) & STRUCTURED:
-        return None
+        return False
+    n_array = count_operations(array_jaxpr)
+    limit = max(COMPONENT_OPS_FLOOR, COMPONENT_OPS_RATIO * n_array)
     dynamic, static = eqx.partition((problem.f, problem.args), eqx.is_array)
     structs = jtu.tree_map(struct_of, dynamic)
     t = trajectory_struct((), time_dtype)
@@ -114,8 +119,9 @@ def _operation_counts(problem, layout: Layout, time_dtype) -> tuple[int, int] | 
         f, args = eqx.combine(dynamic, static)
         return ComponentProblem(f, args, problem.treedef, layout).vf(t, comps)
 
-    n_comps = count_operations(jax.make_jaxpr(on_components)(t, comps, structs).jaxpr)
-    return n_comps, count_operations(array_jaxpr)
+    with operation_budget(limit) as exceeded:
+        jaxpr = jax.make_jaxpr(on_components)(t, comps, structs).jaxpr
+    return not exceeded() and count_operations(jaxpr) <= limit
 
 
 def choose_layout(leaves, problem=None, representation: str = "auto", t=None):
@@ -143,13 +149,7 @@ def choose_layout(leaves, problem=None, representation: str = "auto", t=None):
     if problem is None:
         return layout
     time_dtype = jnp.result_type(*layout.dtypes) if t is None else jnp.result_type(t)
-    counts = _operation_counts(problem, layout, time_dtype)
-    if counts is None:
-        return None
-    n_comps, n_array = counts
-    if n_comps <= max(COMPONENT_OPS_FLOOR, COMPONENT_OPS_RATIO * n_array):
-        return layout
-    return None
+    return layout if _components_are_small(problem, layout, time_dtype) else None
 
 
 class Representation:
