@@ -25,6 +25,7 @@ Writes `benchmarks/results/compile_times.json` and prints a markdown table.
 """
 
 import argparse
+import gc
 import json
 import pathlib
 import platform
@@ -51,17 +52,41 @@ import gradsolve as gs  # noqa: E402
 ROWS = ("lorenz", "lotka_volterra", "mlp8", "mlp32", "mlp64", "robertson", "fit")
 
 
+# Seconds JAX reports spending, by event: tracing to a jaxpr and XLA's compilation.
+_DURATIONS = {"trace": 0.0, "xla": 0.0}
+_EVENTS = {
+    "/jax/core/compile/jaxpr_trace_duration": "trace",
+    "/jax/core/compile/backend_compile_duration": "xla",
+}
+
+
+def _on_duration(event: str, seconds: float, **_) -> None:
+    if event in _EVENTS:
+        _DURATIONS[_EVENTS[event]] += seconds
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_duration)
+
+
 def _first_call(fn):
-    """`(fn(), seconds it took)`."""
+    """`(fn(), {"s": seconds it took, "trace": ..., "xla": ...})`: the seconds JAX
+    spent tracing and XLA compiling during the call."""
+    # Collected now, so that a collection of the process's garbage is not timed
+    # as part of one row's tracing (it moved single rows by ~0.3 s).
+    gc.collect()
+    before = dict(_DURATIONS)
     start = time.perf_counter()
     out = jax.block_until_ready(fn())
-    return out, time.perf_counter() - start
+    took = {"s": time.perf_counter() - start}
+    took.update({k: _DURATIONS[k] - before[k] for k in before})
+    return out, took
 
 
-def compile_time(fn, repeats: int, first: float | None = None) -> tuple[float, float]:
-    """`(compile seconds, steady seconds)` of `fn()`: its first call (timed here, or
-    `first` seconds if it was made already) minus the fastest of `repeats` later
-    calls, and that fastest call."""
+def compile_time(fn, repeats: int, first: dict | None = None) -> dict:
+    """`{"compile", "steady", "trace", "xla"}` of `fn()`: its first call (timed
+    here, or `first` from `_first_call` if it was made already) minus the fastest
+    of `repeats` later calls, that fastest call, and the seconds of the first call
+    that JAX reports tracing and XLA compiling."""
     if first is None:
         first = _first_call(fn)[1]
     steady = []
@@ -69,7 +94,12 @@ def compile_time(fn, repeats: int, first: float | None = None) -> tuple[float, f
         start = time.perf_counter()
         jax.block_until_ready(fn())
         steady.append(time.perf_counter() - start)
-    return max(first - min(steady), 0.0), min(steady)
+    return dict(
+        compile=max(first["s"] - min(steady), 0.0),
+        steady=min(steady),
+        trace=first["trace"],
+        xla=first["xla"],
+    )
 
 
 def _mlp_problem(width: int) -> problems.Problem:
@@ -161,19 +191,10 @@ def solve_rows(row: str, n: int, repeats: int) -> list[dict]:
 
     against = {"record": "forward", "replay": "forward"}
     rows = []
-    for path, (compile_s, steady_s) in times.items():
+    for path, ours in times.items():
         peer = against.get(path, "gradient")
-        rows.append(
-            dict(
-                problem=row,
-                path=path,
-                compile=compile_s,
-                steady=steady_s,
-                diffrax_path=peer,
-                diffrax_compile=d_times[peer][0],
-                diffrax_steady=d_times[peer][1],
-            )  # fmt: skip
-        )
+        theirs = {f"diffrax_{k}": v for k, v in d_times[peer].items()}
+        rows.append(dict(problem=row, path=path, **ours, diffrax_path=peer, **theirs))
     return rows
 
 
@@ -187,21 +208,20 @@ def fit_rows(n: int) -> list[dict]:
         "gs": lambda: fit_benchmark._gs(case, y0s, ts, data, "fwd", meshes="auto"),
         "diffrax": lambda: fit_benchmark._diffrax(case, y0s, ts, data, "fwd"),
     }
-    firsts, steadies = {}, {}
+    times = {}
     for name, fit in fits.items():
-        firsts[name] = fit()[3]
-        steadies[name] = min(fit()[3] for _ in range(2))
-    return [
-        dict(
-            problem="fit",
-            path="gs.fit",
-            compile=firsts["gs"] - steadies["gs"],
-            steady=steadies["gs"],
-            diffrax_path="optx fit",
-            diffrax_compile=firsts["diffrax"] - steadies["diffrax"],
-            diffrax_steady=steadies["diffrax"],
-        )  # fmt: skip
-    ]
+        result, first = _first_call(fit)
+        first["s"] = result[3]  # the fit's own time, without its host checks
+        steadies = [fit()[3] for _ in range(2)]
+        times[name] = dict(
+            compile=first["s"] - min(steadies),
+            steady=min(steadies),
+            trace=first["trace"],
+            xla=first["xla"],
+        )
+    theirs = {f"diffrax_{k}": v for k, v in times["diffrax"].items()}
+    return [dict(problem="fit", path="gs.fit", **times["gs"],
+                 diffrax_path="optx fit", **theirs)]  # fmt: skip
 
 
 def warm_up() -> None:
@@ -230,17 +250,18 @@ def warm_up() -> None:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| problem | gradsolve path | compile (s) | steady (ms) | Diffrax path | "
-        "compile (s) | steady (ms) | compile ratio |",
-        "|---|---|---|---|---|---|---|---|",
+        "| problem | gradsolve path | compile (s) | trace + XLA (s) | steady (ms) | "
+        "Diffrax path | compile (s) | trace + XLA (s) | steady (ms) | compile ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ratio = r["compile"] / max(r["diffrax_compile"], 1e-9)
         lines.append(
             f"| {r['problem']} | {r['path']} | {r['compile']:.2f} | "
-            f"{1e3 * r['steady']:.2f} | {r['diffrax_path']} | "
-            f"{r['diffrax_compile']:.2f} | {1e3 * r['diffrax_steady']:.2f} | "
-            f"{ratio:.2f} |"
+            f"{r['trace']:.2f} + {r['xla']:.2f} | {1e3 * r['steady']:.2f} | "
+            f"{r['diffrax_path']} | {r['diffrax_compile']:.2f} | "
+            f"{r['diffrax_trace']:.2f} + {r['diffrax_xla']:.2f} | "
+            f"{1e3 * r['diffrax_steady']:.2f} | {ratio:.2f} |"
         )
     return "\n".join(lines)
 
