@@ -97,7 +97,10 @@ def _solve_bwd(
     )
 
 
-def prepare_and_convert(terms, t0, t1, dt0, y0, args, saveat):
+def _prepare_and_convert(terms, t0, t1, dt0, y0, args, saveat):
+    """`(prepared, f, dynamic args)`: the inputs checked and flattened
+    (`_problem.prepare`), and the vector field with its closed-over arrays made
+    explicit."""
     t0, t1, dt0, saveat = refuse_time_derivatives(t0, t1, dt0, saveat)
     prepared = prepare(terms, t0, t1, dt0, y0, args, saveat)
     # Make closed-over arrays of the vector field explicit, so that they are
@@ -129,7 +132,7 @@ def _fast_diffeqsolve_traced(
     throw,
     kernel,
 ):
-    prepared, f, args = prepare_and_convert(terms, t0, t1, dt0, y0, args, saveat)
+    prepared, f, args = _prepare_and_convert(terms, t0, t1, dt0, y0, args, saveat)
     treedef = prepared.problem.treedef
     out = _solve(
         (prepared.y0, args, f),
