@@ -4,7 +4,7 @@ The fused kernel (`_kernel.py`) integrates a whole block of trajectories in one
 Pallas program. It covers the common ensemble problem: an explicit Runge--Kutta solver
 (`gs.Tsit5`, `gs.Dopri5`), a `PIDController` with the RMS or max norm or a
 `ConstantStepSize`, a small state, small `args`, and `SaveAt(t0, t1, ts)`. Anything
-else runs on the XLA loop of `_record.py`, which takes the same steps.
+else runs on the XLA loop of `_record_xla.py`, which takes the same steps.
 """
 
 import diffrax
