@@ -77,6 +77,29 @@ def _spend(values) -> None:
         left[0] -= sum(isinstance(v, jax.core.Tracer) for v in values)
 
 
+@jax.custom_jvp
+def _divide(x, y):
+    """`x / y`, its value rounded as `lax.div` rounds it, with a derivative that
+    divides once: `(dx - (x / y) dy) * (1 / y)`.
+
+    JAX's own rule divides every tangent by `y` (and by `y**2`): a forward-mode
+    Jacobian with `P` parameters divides `2 P` times per division of the field,
+    where this takes one reciprocal, shared by the tangents. (`gs.fit`'s Jacobian
+    blocks of 32 FitzHugh-Nagumo experiments, whose field divides by a
+    parameter: 1.44-1.61 ms with JAX's rule, 1.06-1.12 ms with this one.) The
+    value is `lax.div`'s, bit for bit; the derivative differs from JAX's by
+    rounding only."""
+    return jax.lax.div(x, y)
+
+
+@_divide.defjvp
+def _divide_jvp(primals, tangents):
+    x, y = primals
+    dx, dy = tangents
+    out = jax.lax.div(x, y)
+    return out, (dx - out * dy) * (1 / y)
+
+
 class _Comp:
     """A value held as an object array of per-element scalars."""
 
@@ -235,8 +258,11 @@ def _eval_comp(eqn, prim, invals, avals, out_avals):
             e = _as_elems(x, a)
             elems.append(np.broadcast_to(e, shape) if e.shape != shape else e)
         out = np.empty(shape, dtype=object)
+        bind = functools.partial(prim.bind, **eqn.params)
+        if name == "div" and jnp.issubdtype(out_aval.dtype, jnp.floating):
+            bind = _divide
         for idx in np.ndindex(*shape):
-            out[idx] = prim.bind(*(e[idx] for e in elems), **eqn.params)
+            out[idx] = bind(*(e[idx] for e in elems))
         _spend(out.flat)
         return [_Comp(out, out_aval.dtype)]
     if name in ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod"):
