@@ -267,9 +267,11 @@ def make_problem(
         fit_y0=fit_y0,
     )
     theta, y0s_ = problem.split(params0)
-    one_state = jtu.tree_map(lambda x: x[0], y0s_)
+    # One trajectory's shapes (structs: slicing the arrays would run eagerly).
+    row = lambda x: jax.ShapeDtypeStruct(jnp.shape(x)[1:], jnp.result_type(x))
+    one_state = jtu.tree_map(row, y0s_)
     one_theta = jax.tree.map(
-        lambda axis, p: jtu.tree_map(lambda x: x[0] if axis == 0 else x, p),
+        lambda axis, p: jtu.tree_map(lambda x: row(x) if axis == 0 else x, p),
         params_axes,
         theta,
         is_leaf=lambda x: x is None,
