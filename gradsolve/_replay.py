@@ -178,6 +178,20 @@ def replay_one(
     return caller_times(direction, ts_out), ys_out, max_ratio
 
 
+def replay_stats(mesh: RecordedMesh, max_ratio) -> dict:
+    """A replay's `Solution.stats`: the mesh's steps, all accepted, and the largest
+    error ratio (none if `max_ratio` is `None`)."""
+    stats = dict(
+        num_steps=mesh.num_steps,
+        num_accepted_steps=mesh.num_steps,
+        num_rejected_steps=jnp.zeros_like(mesh.num_steps),
+        max_steps=mesh.max_steps,
+    )
+    if max_ratio is not None:
+        stats["max_error_ratio"] = max_ratio
+    return stats
+
+
 def replay(
     mesh: RecordedMesh,
     terms: diffrax.ODETerm,
@@ -303,14 +317,7 @@ def replay(
     ts, ys, max_ratio = replay_one(
         mesh, prepared.problem, solver, prepared.y0, prepared.plan
     )
-    stats = dict(
-        num_steps=mesh.num_steps,
-        num_accepted_steps=mesh.num_steps,
-        num_rejected_steps=jnp.zeros_like(mesh.num_steps),
-        max_steps=mesh.max_steps,
-    )
-    if max_ratio is not None:
-        stats["max_error_ratio"] = max_ratio
+    stats = replay_stats(mesh, max_ratio)
     treedef = prepared.problem.treedef
     sol = Solution(
         t0=prepared.t0,

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from ._memory import replay_footprint
-from ._replay import replay
+from ._replay import replay, replay_stats
 from ._solution import Solution
 from ._stale import check_stale
 
@@ -92,14 +92,7 @@ def replay_chunks(
 
     ts, ys, ratio = merge(ts), jtu.tree_map(merge, ys), merge(ratio)
     ts, ys = check_stale((ts, ys), ratio, stale)
-    stats = dict(
-        num_steps=mesh.num_steps,
-        num_accepted_steps=mesh.num_steps,
-        num_rejected_steps=jnp.zeros_like(mesh.num_steps),
-        max_steps=mesh.max_steps,
-    )
-    if ratio is not None:
-        stats["max_error_ratio"] = ratio
+    stats = replay_stats(mesh, ratio)
     return Solution(
         t0=mesh.ts[:, 0],
         t1=mesh.ts[:, -1],

@@ -96,31 +96,36 @@ def array_field_jaxpr(problem, shapes, dtypes, time_dtype):
     return jax.make_jaxpr(on_arrays)(t, leaves, structs).jaxpr
 
 
-def _components_are_small(problem, layout: Layout, time_dtype) -> bool:
-    """Whether one evaluation of `problem`'s field on components takes at most
-    `max(COMPONENT_OPS_FLOOR, COMPONENT_OPS_RATIO * n)` operations, `n` those it
-    takes on arrays, and the field has none of the `STRUCTURED` primitives (then
-    it is not traced on components at all). Traced, not compiled; the trace on
-    components goes on in array form once past that limit.
-
-    Both traces take the field's arrays as inputs (see `array_field_jaxpr`)."""
-    array_jaxpr = array_field_jaxpr(problem, layout.shapes, layout.dtypes, time_dtype)
-    if _primitives(array_jaxpr) & STRUCTURED:
-        return False
-    n_array = count_operations(array_jaxpr)
-    limit = max(COMPONENT_OPS_FLOOR, COMPONENT_OPS_RATIO * n_array)
+def component_field_jaxpr(problem, layout: Layout, time_dtype):
+    """The jaxpr of one evaluation of `problem`'s field on a state held as the
+    components of `layout` (traced, not compiled; inputs as in
+    `array_field_jaxpr`)."""
     dynamic, static = eqx.partition((problem.f, problem.args), eqx.is_array)
-    structs = jtu.tree_map(struct_of, dynamic)
-    t = trajectory_struct((), time_dtype)
-    comps = [trajectory_struct((), d) for s, d in zip(layout.shapes, layout.dtypes)
-             for _ in range(int(np.prod(s, dtype=int)))]  # fmt: skip
 
     def on_components(t, comps, dynamic):
         f, args = eqx.combine(dynamic, static)
         return ComponentProblem(f, args, problem.treedef, layout).vf(t, comps)
 
+    t = trajectory_struct((), time_dtype)
+    comps = [trajectory_struct((), d) for s, d in zip(layout.shapes, layout.dtypes)
+             for _ in range(int(np.prod(s, dtype=int)))]  # fmt: skip
+    structs = jtu.tree_map(struct_of, dynamic)
+    return jax.make_jaxpr(on_components)(t, comps, structs).jaxpr
+
+
+def _components_are_small(problem, layout: Layout, time_dtype) -> bool:
+    """Whether one evaluation of `problem`'s field on components takes at most
+    `max(COMPONENT_OPS_FLOOR, COMPONENT_OPS_RATIO * n)` operations, `n` those it
+    takes on arrays, and the field has none of the `STRUCTURED` primitives (then
+    it is not traced on components at all). Traced, not compiled; the trace on
+    components goes on in array form once past that limit."""
+    array_jaxpr = array_field_jaxpr(problem, layout.shapes, layout.dtypes, time_dtype)
+    if _primitives(array_jaxpr) & STRUCTURED:
+        return False
+    n_array = count_operations(array_jaxpr)
+    limit = max(COMPONENT_OPS_FLOOR, COMPONENT_OPS_RATIO * n_array)
     with operation_budget(limit) as exceeded:
-        jaxpr = jax.make_jaxpr(on_components)(t, comps, structs).jaxpr
+        jaxpr = component_field_jaxpr(problem, layout, time_dtype)
     return not exceeded() and count_operations(jaxpr) <= limit
 
 

@@ -13,13 +13,14 @@ import jax.tree_util as jtu
 import pytest
 
 import gradsolve as gs
-from gradsolve._components import ComponentProblem, Layout, operation_budget
+from gradsolve._components import Layout, operation_budget
 from gradsolve._problem import LeafProblem
 from gradsolve._representation import (
     COMPONENT_OPS_FLOOR,
     COMPONENT_OPS_RATIO,
     array_field_jaxpr,
     choose_layout,
+    component_field_jaxpr,
     count_operations,
 )
 
@@ -75,20 +76,6 @@ def test_auto_decides_alike_under_jit_and_vmap():
     assert eager and bool(traced(LORENZ.args)) and bool(batched.all())
 
 
-def _components_jaxpr(f, y0, args):
-    """`f` traced on components, its array arguments as inputs (as `gs` traces
-    it to choose)."""
-    leaves, treedef = jtu.tree_flatten(y0)
-    dynamic, static = eqx.partition(args, eqx.is_array)
-
-    def on_components(comps, dynamic):
-        args = eqx.combine(dynamic, static)
-        return ComponentProblem(f, args, treedef, Layout.of(leaves)).vf(0.0, comps)
-
-    comps = [jnp.zeros((), x.dtype) for x in leaves for _ in range(x.size)]
-    return jax.make_jaxpr(on_components)(comps, dynamic).jaxpr
-
-
 @pytest.mark.parametrize("width,depth", [(2, 1), (4, 1), (8, 1), (32, 2)])
 def test_auto_stops_unrolling_past_the_limit_and_decides_as_a_full_count(width, depth):
     # The trace on components stops at the limit (an MLP with a 32-wide layer is
@@ -98,10 +85,11 @@ def test_auto_stops_unrolling_past_the_limit_and_decides_as_a_full_count(width, 
     problem = LeafProblem(f=mlp_field, args=model, treedef=jtu.tree_structure(y0))
     on_arrays = array_field_jaxpr(problem, [y0.shape], [y0.dtype], y0.dtype)
     limit = max(COMPONENT_OPS_FLOOR, COMPONENT_OPS_RATIO * count_operations(on_arrays))
-    full = count_operations(_components_jaxpr(mlp_field, y0, model))
+    layout = Layout.of([y0])
+    full = count_operations(component_field_jaxpr(problem, layout, y0.dtype))
     assert (_layout(mlp_field, y0, model) is not None) == (full <= limit)
     with operation_budget(limit) as exceeded:
-        budgeted = count_operations(_components_jaxpr(mlp_field, y0, model))
+        budgeted = count_operations(component_field_jaxpr(problem, layout, y0.dtype))
     # Counted operations are equations of the full trace: past the budget, the
     # field is past the limit.
     assert not exceeded() or full > limit
