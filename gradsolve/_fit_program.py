@@ -13,12 +13,14 @@ import math
 
 import diffrax
 import equinox as eqx
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
 
 from ._fit_problem import FitProblem
+from ._host_call import call_if
 from ._mesh import bucket_length
 from ._short_buffer import SHORT_BUFFER
 from ._solver.rosenbrock import AbstractRosenbrock
@@ -103,8 +105,8 @@ def fit_program(
         r = problem.residuals(p, mesh, mode)
         # Noted on the host, at no cost unless it happens: the optimiser's path
         # went through parameters whose solves the buffer cannot hold.
-        short = jnp.any(mesh.result == diffrax.RESULTS.max_steps_reached)
-        jax.lax.cond(short, lambda: jax.debug.callback(_note_overflow), lambda: None)
+        short = eqxi.unvmap_any(mesh.result == diffrax.RESULTS.max_steps_reached)
+        r = call_if(short, _note_overflow, jnp.zeros((), jnp.int32), r)
         # Residuals far above any the fit has seen: the optimiser rejects the step
         # as one that raised the loss. (NaN would reach its termination test,
         # where every comparison with NaN is false.)
@@ -131,7 +133,7 @@ def fit_program(
 _OVERFLOWS = [0]
 
 
-def _note_overflow():
+def _note_overflow(_):
     _OVERFLOWS[0] += 1
 
 

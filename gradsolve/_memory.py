@@ -84,7 +84,8 @@ def _elements(tree, batched: bool = True) -> int:
 def _word(y0) -> int:
     """Bytes of one word: the state's element, or the time's if that is wider."""
     sizes = [jnp.result_type(x).itemsize for x in jtu.tree_leaves(y0)]
-    return max(sizes + [jnp.zeros(()).dtype.itemsize])
+    # The default float (the time's dtype unless given), without creating an array.
+    return max(sizes + [jnp.result_type(float).itemsize])
 
 
 def _solver_terms(solver) -> tuple[int, bool, bool]:

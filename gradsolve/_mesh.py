@@ -1,6 +1,7 @@
 """`RecordedMesh`: the accepted steps of an adaptive solve."""
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable
 
@@ -143,17 +144,20 @@ class RecordedMesh(eqx.Module):
             ) from e
         length = bucket_length(longest, self.max_steps)
         length = min(max(length, at_least), self.max_steps)
-        ts = self.ts[..., : length + 1]
-        step_starts = (
-            None if self.step_starts is None else self.step_starts[..., :length]
-        )
-        restarts = None if self.restarts is None else self.restarts[..., :length]
-        return eqx.tree_at(
-            lambda m: (m.ts, m.step_starts, m.restarts),
-            self,
-            (ts, step_starts, restarts),
-            is_leaf=lambda x: x is None,
-        )
+        if length == self.max_steps:
+            return self
+        return _cut_steps(self, length)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _cut_steps(mesh: RecordedMesh, length: int) -> RecordedMesh:
+    """`mesh` cut to `length` steps, in one compiled call (eager slices and
+    `tree_at` cost more than a small ensemble's recording)."""
+    fields = lambda m: (m.ts, m.step_starts, m.restarts)
+    cut = lambda x, n: None if x is None else x[..., :n]
+    steps = (length + 1, length, length)
+    new = tuple(cut(x, n) for x, n in zip(fields(mesh), steps))
+    return eqx.tree_at(fields, mesh, new, is_leaf=lambda x: x is None)
 
 
 def _longest(num_steps) -> int:

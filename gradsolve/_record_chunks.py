@@ -56,7 +56,8 @@ def record_in_chunks(
     for start in range(0, batch, chunk_size):
         rows = np.arange(start, min(start + chunk_size, batch))
         take = lambda x: x[start : start + chunk_size]
-        chunk = _take(take, y0, args, args_axes)
+        whole = rows.size == batch  # one chunk: no copy of the inputs
+        chunk = (y0, args) if whole else _take(take, y0, args, args_axes)
         mesh = record_batch(short, throw and short == max_steps)(*chunk).trim()
         pieces.add(rows, mesh, chunk_rows=rows.size)
         if short == max_steps:

@@ -8,6 +8,7 @@ import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 
+from ._host_call import call_if
 from ._unbatched import batch_max_int
 
 
@@ -44,7 +45,7 @@ def check_stale(tree, max_ratio, stale: str):
 
     Works inside `jit`, `grad` and `vmap` without a host round trip on the common
     path: `stale="error"` is an `eqx.error_if`; `stale="warn"` calls back to Python
-    only inside a `lax.cond` taken when some trajectory is stale (under `vmap` the
+    only when some trajectory is stale (`_host_call.call_if`; under `vmap` the
     predicate is reduced over the batch, so the callback runs at most once).
     """
     if stale not in STALE_OPTIONS:
@@ -60,10 +61,7 @@ def check_stale(tree, max_ratio, stale: str):
     ratio = jnp.where(jnp.isnan(ratio), jnp.inf, ratio)
     decade = jnp.clip(jnp.ceil(jnp.log10(jnp.maximum(ratio, 1))), 0, 400)
     decade = batch_max_int(decade.astype(jnp.int32), bits=9)
-    jax.lax.cond(
-        any_stale, lambda d: jax.debug.callback(_warn, d), lambda d: None, decade
-    )
-    return tree
+    return call_if(any_stale, _warn, decade, tree)
 
 
 def scaled_error(norm, rtol, atol, as_tree, y0, y1, y_error):
