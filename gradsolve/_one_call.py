@@ -16,6 +16,16 @@ from ._fallback import refuse_time_derivatives
 from ._problem import LeafProblem, has_jump_ts, prepare
 from ._record import record_loop
 from ._solution import Solution
+from ._tracing import differentiated_inside_jit
+
+
+def _scalars_as_arrays(diff):
+    """`diff` with its Python-number leaves as arrays. Differentiated inline, a
+    `custom_vjp`'s rules receive the primal of a traced Python scalar as a
+    number-like literal, not an array; the field was closure-converted with an
+    array in its place."""
+    number = lambda x: isinstance(x, (int, float, complex))
+    return jtu.tree_map(lambda x: jnp.asarray(x) if number(x) else x, diff)
 
 
 def record_steps(
@@ -24,7 +34,7 @@ def record_steps(
     """The adaptive solve of `diff = (y0, args, f)`, recording its accepted steps
     (`_record.record_loop`); with `keep`, also the checkpointed states the adjoint
     walks back from."""
-    y0, args, f = diff
+    y0, args, f = _scalars_as_arrays(diff)
     problem = LeafProblem(f=f, args=args, treedef=treedef)
     return record_loop(
         problem,
@@ -91,6 +101,7 @@ def _solve_bwd(
         jnp.zeros((plan.size(mesh.max_steps),) + y.shape, y.dtype) if g is None else g
         for g, y in zip(grad_obj.ys, diff[0])
     ]
+    diff = _scalars_as_arrays(diff)
     return adjoint_loop(
         solver, mesh, states, layout, plan, ys_bar, diff, treedef, every, length
     )
@@ -167,8 +178,12 @@ def _fast_diffeqsolve_traced(
     )
 
 
-# Always its own compiled program. (Traced inline where it is differentiated inside
-# the caller's `jit`, its recording would be traced once instead of twice, but
-# Diffrax's `test_adjoint.py::test_against`, swapped, then failed in the
-# closure-converted field: not done until that is understood.)
-fast_diffeqsolve = eqx.filter_jit(_fast_diffeqsolve_traced)
+_fast_diffeqsolve_jitted = eqx.filter_jit(_fast_diffeqsolve_traced)
+
+
+def fast_diffeqsolve(*inputs):
+    """The solve as one compiled program; traced inline where it is differentiated
+    inside the caller's `jit` (see `_tracing.py`)."""
+    if differentiated_inside_jit():
+        return _fast_diffeqsolve_traced(*inputs)
+    return _fast_diffeqsolve_jitted(*inputs)
