@@ -62,6 +62,21 @@ def test_stale_mesh_warns_by_default():
         jax.effects_barrier()
 
 
+def test_check_keeps_programs_free_of_effects():
+    """The check calls back to Python without giving the program an effect (JAX
+    dispatches programs with effects on a slower path), and still warns when the
+    caller reads one element of the result only."""
+    mesh = _mesh()
+    jaxpr = jax.make_jaxpr(jax.grad(lambda a: _loss(mesh)(a)[0]))(LV.args)
+    assert not jaxpr.effects
+
+    def last(args):
+        return gs.replay(mesh, TERM, gs.Tsit5(), LV.y0, args).ys[-1, 0]
+
+    with pytest.warns(gs.StaleMeshWarning):
+        jax.block_until_ready(jax.jit(jax.grad(last))(FAR))
+
+
 def test_stale_mesh_error_option():
     mesh = _mesh()
     with pytest.raises(RUNTIME, match="The mesh is stale.*gs.record"):
