@@ -98,7 +98,7 @@ def replay_one(
 
     @functools.partial(jax.checkpoint, prevent_cse=False)
     def body(carry, x):
-        y, f0 = carry
+        y, f0, worst = carry
         if mesh.restarts is None:
             s, e = x
         else:
@@ -118,20 +118,28 @@ def replay_one(
             ratio = scaled_error(
                 mesh.norm, mesh.rtol, mesh.atol, as_tree, y, y1, y_error
             )
-        out = (ratio, y1 if keep_states else None, ks if keep_ks else None)
-        return (y1, f1), out
+        if ratio is not None:
+            # The largest ratio so far, carried (a stack of every step's ratio
+            # maximised after the loop doubled a forward replay's time). A NaN
+            # ratio (the replay blew up) counts as infinite.
+            ratio = jax.lax.stop_gradient(ratio)
+            worst = jnp.maximum(worst, jnp.where(jnp.isnan(ratio), jnp.inf, ratio))
+        out = (y1 if keep_states else None, ks if keep_ks else None)
+        return (y1, f1, worst), out
 
     xs = (starts, ends) if mesh.restarts is None else (starts, ends, mesh.restarts)
     y0_comps = to_comps(y0)
     f_init = vf(t_first, y0_comps) if representation.carries_fsal(solver) else None
+    # (A Python zero: the scan gives it the ratio's dtype.)
+    init = (y0_comps, f_init, 0.0 if adaptive else None)
     if forward_only and recompute_stages:
-        (y_final, _), (ratios, states, ks) = scan_recorded(
-            body, (y0_comps, f_init), xs, mesh.num_steps
+        (y_final, _, worst), (states, ks) = scan_recorded(
+            body, init, xs, mesh.num_steps
         )
         if states is not None:
             states = fill_after(states, mesh.num_steps, y_final)
     else:
-        (y_final, _), (ratios, states, ks) = jax.lax.scan(body, (y0_comps, f_init), xs)
+        (y_final, _, worst), (states, ks) = jax.lax.scan(body, init, xs)
     y_final = to_leaves(y_final)
     state_comps = states
     if states is not None:
@@ -171,10 +179,7 @@ def replay_one(
     )
     max_ratio = None
     if adaptive:
-        # A NaN ratio (the replay blew up) counts as infinite. (XLA's CPU max over
-        # a long array can drop NaNs and return -inf: never let it hide one.)
-        max_ratio = jnp.max(jnp.where(jnp.isnan(ratios), jnp.inf, ratios))
-        max_ratio = max_ratio / (1 + roundoff_margin(jnp.result_type(*y0), mesh.rtol))
+        max_ratio = worst / (1 + roundoff_margin(jnp.result_type(*y0), mesh.rtol))
     return caller_times(direction, ts_out), ys_out, max_ratio
 
 
