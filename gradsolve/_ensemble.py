@@ -68,6 +68,11 @@ def _record_batch(terms, solver, t0, t1, dt0, y0, args, args_axes, steps, throw,
     return jax.vmap(one, in_axes=(0, args_axes))(y0, args)
 
 
+# Bytes below which an ensemble is recorded at once with its full `max_steps` buffer
+# (a few trajectories at the default `max_steps`).
+SMALL_RECORDING = 2**20
+
+
 def _record_one(terms, solver, t0, t1, dt0, y0, args, max_steps, kwargs):
     return record(terms, solver, t0, t1, dt0, y0, args, max_steps=max_steps, **kwargs)
 
@@ -152,9 +157,10 @@ def record_ensemble(
     mesh), but faster and smaller: the `(max_steps + 1)`-long buffers exist for one
     chunk at a time, and on one device each chunk is first recorded with a buffer of
     512 steps; only the trajectories that need more (or fail) are recorded again
-    with `max_steps`. On several devices (see `sharding`) every device records its
-    own trajectories, chunk by chunk, and steps independently of the others; the mesh
-    stays split across the devices.
+    with `max_steps`. (A small ensemble, whose full buffers take under 1 MiB, is
+    recorded at once with `max_steps`.) On several devices (see `sharding`) every
+    device records its own trajectories, chunk by chunk, and steps independently of
+    the others; the mesh stays split across the devices.
 
     **Arguments:**
 
@@ -199,6 +205,15 @@ def record_ensemble(
         split = None
     devices = 1 if split is None else split.size
     local_batch = -(-batch // devices)
+    throw = kwargs.pop("throw", True)
+    if split is None and chunk_size is None and memory_budget is None and batch > 0:
+        full = record_footprint(max_steps, y0, solver, args if args_axes == 0 else None)
+        if full.bytes(batch) <= SMALL_RECORDING:
+            # Recorded at once with the full buffer: filling it costs less than the
+            # bookkeeping of a short buffer first (and of a memory budget).
+            fixed = (terms, solver, t0, t1, dt0)
+            mesh = _record_batch(*fixed, y0, args, args_axes, max_steps, throw, kwargs)
+            return mesh.trim()
     budget, parts = None, chunk_size
     if chunk_size is None:
         # Half the budget for the chunk being recorded, half for the mesh returned
@@ -216,7 +231,6 @@ def record_ensemble(
         # trajectories that need more steps again, `parts` at a time.
         parts = fit(max_steps)
         chunk_size = parts if split is not None else fit(min(max_steps, SHORT_BUFFER))
-    throw = kwargs.pop("throw", True)
     if split is None:
 
         def record_batch(steps, throw):
