@@ -12,6 +12,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from ._saving import SavePlan
+from ._unbatched import batch_max_int
 
 
 class LeafProblem(eqx.Module):
@@ -93,7 +94,30 @@ def _finite(tree):
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
 
 
-def check_finite(tree, name: str):
+def _check(x, bad, msg: str, checks: list | None):
+    """`eqx.error_if(x, bad, msg)`, or, given `checks`, `x` with `(bad, msg)`
+    added to them for `raise_first` (traced predicates only)."""
+    if checks is None:
+        return eqx.error_if(x, bad, msg)
+    if isinstance(bad, jax.core.Tracer):
+        checks.append((bad, msg))
+    return x
+
+
+def raise_first(tree, checks: list):
+    """`tree` with the checks gathered by `prepare` threaded onto it as one
+    `eqx.branched_error_if` (the first failing check's message). One, because each
+    `eqx.error_if` walks the Python stack when it is traced: ~50 ms apiece inside a
+    deep trace such as a fit's."""
+    if not checks:
+        return tree
+    failed = jnp.stack([jnp.any(bad) for bad, _ in checks])
+    # Unbatched before Equinox reduces it (see `_unbatched`: an empty ensemble).
+    index = batch_max_int(jnp.argmax(failed), bits=len(checks).bit_length())
+    return eqx.branched_error_if(tree, jnp.any(failed), index, [m for _, m in checks])
+
+
+def check_finite(tree, name: str, checks: list | None = None):
     """Raise (inside jit too) if `tree` holds a NaN or an infinity."""
     if not inexact_leaves(tree):
         return tree
@@ -109,7 +133,7 @@ def check_finite(tree, name: str):
         pass
     if not any(isinstance(x, jax.Array) for x in jtu.tree_leaves(tree)):
         return tree  # Python numbers only: checked above, and nothing to thread on.
-    return eqx.error_if(tree, ~finite, msg)
+    return _check(tree, ~finite, msg, checks)
 
 
 def check_vector_field(f, t0, y0, args):
@@ -149,7 +173,7 @@ class TimeValueError(ValueError, RuntimeError):
     `EquinoxRuntimeError`, so code that catches either keeps working."""
 
 
-def _check_ts(ts, t0, t1):
+def _check_ts(ts, t0, t1, checks: list | None = None):
     """`saveat.ts` must be monotone in the direction of integration and in range."""
     lo, hi = jnp.minimum(t0, t1), jnp.maximum(t0, t1)
     increasing = t1 >= t0
@@ -169,21 +193,21 @@ def _check_ts(ts, t0, t1):
         raise TimeValueError(order_msg)
     if bad_range:
         raise TimeValueError(range_msg)
-    ts = eqx.error_if(ts, unsorted, order_msg)
-    return eqx.error_if(ts, outside, range_msg)
+    ts = _check(ts, unsorted, order_msg, checks)
+    return _check(ts, outside, range_msg, checks)
 
 
-def _raise_or_thread(x, bad, msg: str):
+def _raise_or_thread(x, bad, msg: str, checks: list | None = None):
     """Raise `msg` at once when `bad` is known, else thread it onto `x` (inside jit)."""
     try:  # concrete values get a Python error, raised at once
         if bool(bad):
             raise TimeValueError(msg)
     except jax.errors.ConcretizationTypeError:
         pass
-    return eqx.error_if(x, bad, msg)
+    return _check(x, bad, msg, checks)
 
 
-def check_finite_times(t0, t1, dt0, ts):
+def check_finite_times(t0, t1, dt0, ts, checks: list | None = None):
     """NaN or infinite times are errors, naming the argument (a NaN `t1` would
     otherwise return `y0` as a successful solve, a NaN in `ts` a made-up value)."""
     out = []
@@ -193,18 +217,18 @@ def check_finite_times(t0, t1, dt0, ts):
                 f"{name} is NaN or infinite; times must be finite numbers. Check how "
                 f"{name} is computed."
             )
-            x = _raise_or_thread(x, ~jnp.all(jnp.isfinite(x)), msg)
+            x = _raise_or_thread(x, ~jnp.all(jnp.isfinite(x)), msg, checks)
         out.append(x)
     if dt0 is not None:
         msg = (
             "dt0 is 0: the first step would make no progress. Pass a nonzero dt0, "
             "or dt0=None to let the step size controller choose it."
         )
-        out[2] = _raise_or_thread(out[2], out[2] == 0, msg)
+        out[2] = _raise_or_thread(out[2], out[2] == 0, msg, checks)
     return out
 
 
-def _check_dt0(dt0, t0, t1):
+def _check_dt0(dt0, t0, t1, checks: list | None = None):
     # Times may mix Python numbers, integers and floats (Diffrax accepts
     # `t0=0, t1=1, dt0=0.1`), also under `jax_numpy_dtype_promotion="strict"`.
     dtype = time_dtype(t0, t1, dt0, None)
@@ -219,13 +243,15 @@ def _check_dt0(dt0, t0, t1):
             raise ValueError(msg)
     except jax.errors.ConcretizationTypeError:
         pass
-    return eqx.error_if(dt0, wrong, msg)
+    return _check(dt0, wrong, msg, checks)
 
 
 def check_concrete_inputs(t0, t1, dt0, y0, args, saveat: diffrax.SaveAt):
-    """Raise at once, outside `jit`, for bad inputs whose values are known."""
-    check_finite(y0, "y0")
-    check_finite(args, "args")
+    """Raise at once, outside `jit`, for bad inputs whose values are known. (Traced
+    values are left to `prepare`, inside the compiled solve.)"""
+    traced = []  # dropped: `prepare` checks them where its result is used
+    check_finite(y0, "y0", traced)
+    check_finite(args, "args", traced)
     if saveat.subs.ts is not None and jnp.ndim(saveat.subs.ts) != 1:
         raise ValueError(
             f"saveat.ts has shape {jnp.shape(saveat.subs.ts)}: pass a 1-D array of "
@@ -235,11 +261,11 @@ def check_concrete_inputs(t0, t1, dt0, y0, args, saveat: diffrax.SaveAt):
     dtype = time_dtype(t0, t1, dt0, saveat.subs.ts)
     as_time = lambda x: None if x is None else jnp.asarray(x, dtype=dtype)
     t0, t1 = as_time(t0), as_time(t1)
-    check_finite_times(t0, t1, as_time(dt0), as_time(saveat.subs.ts))
+    check_finite_times(t0, t1, as_time(dt0), as_time(saveat.subs.ts), traced)
     if dt0 is not None:
-        _check_dt0(dt0, t0, t1)
+        _check_dt0(dt0, t0, t1, traced)
     if saveat.subs.ts is not None:
-        _check_ts(jnp.asarray(saveat.subs.ts, dtype=dtype), t0, t1)
+        _check_ts(jnp.asarray(saveat.subs.ts, dtype=dtype), t0, t1, traced)
 
 
 def prepare(term, t0, t1, dt0, y0, args, saveat: diffrax.SaveAt) -> Prepared:
@@ -248,11 +274,12 @@ def prepare(term, t0, t1, dt0, y0, args, saveat: diffrax.SaveAt) -> Prepared:
     ts = sub.ts
     dtype = time_dtype(t0, t1, dt0, ts)
     as_time = lambda x: None if x is None else jnp.asarray(x, dtype=dtype)
+    checks = []  # traced checks, raised as one (see `raise_first`)
     t0, t1, dt0, ts = check_finite_times(
-        as_time(t0), as_time(t1), as_time(dt0), as_time(ts)
+        as_time(t0), as_time(t1), as_time(dt0), as_time(ts), checks
     )
     if dt0 is not None:
-        dt0 = _check_dt0(dt0, t0, t1)
+        dt0 = _check_dt0(dt0, t0, t1, checks)
 
     def promote(leaf):
         leaf = jnp.asarray(leaf)
@@ -264,14 +291,17 @@ def prepare(term, t0, t1, dt0, y0, args, saveat: diffrax.SaveAt) -> Prepared:
     y0 = jtu.tree_map(promote, y0)
     if not jtu.tree_leaves(y0):
         raise ValueError("y0 has no arrays; pass the initial state as an array.")
-    y0 = check_finite(y0, "y0")
-    args = check_finite(args, "args")
+    y0 = check_finite(y0, "y0", checks)
+    args = check_finite(args, "args", checks)
     valid = _finite(y0) & _finite(args)
     f = term.vector_field
     check_vector_field(f, t0, y0, args)
     direction = jnp.where(t0 < t1, 1, -1)
     if ts is not None:
-        ts = _check_ts(ts, t0, t1) * direction
+        ts = _check_ts(ts, t0, t1, checks)
+    t0, t1, dt0, ts, y0, args = raise_first((t0, t1, dt0, ts, y0, args), checks)
+    if ts is not None:
+        ts = ts * direction
     leaves, treedef = jtu.tree_flatten(y0)
     problem = LeafProblem(f=f, args=args, treedef=treedef)
     plan = SavePlan(ts=ts, t0=bool(sub.t0), t1=bool(sub.t1), steps=bool(sub.steps))

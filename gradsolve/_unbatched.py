@@ -16,7 +16,7 @@ def batch_max_int(x, bits: int):
 
     Built bit by bit from the top with `unvmap_any`, so it is exact.
     """
-    x = jnp.asarray(x)
+    x = jnp.asarray(x).astype(jnp.int32)
     best = jnp.array(0, dtype=jnp.int32)
     for bit in reversed(range(bits)):
         candidate = best | (1 << bit)
