@@ -237,33 +237,30 @@ def _max_steps_messages(max_steps) -> list[str]:
 
 
 def throw_in_graph(out, result, max_steps, valid, t_reached, t0, t1):
-    """Return `out` with `eqx.error_if` checks of a failed solve (inside `jit`,
-    `grad` and `vmap`): static messages, the place (`t_reached`) as a percentage of
-    the interval.
+    """Return `out` with a check of a failed solve (inside `jit`, `grad` and
+    `vmap`): static messages, the place (`t_reached`) as a percentage of the
+    interval. One `eqx.branched_error_if`, since each check walks the Python stack
+    when it is traced.
     """
     span = jnp.where(t1 == t0, 1, t1 - t0)
     fraction = (t_reached - t0) / span
     percent = jnp.clip(jnp.floor(100 * fraction), 0, 100).astype(jnp.int32)
-    # Over an ensemble: the furthest a failed trajectory got (defined when empty).
-    failed = valid & (result == diffrax.RESULTS.max_steps_reached)
-    percent = batch_max_int(jnp.where(failed, percent, 0), bits=7)
-    out = eqx.branched_error_if(
-        out,
-        valid & (result == diffrax.RESULTS.max_steps_reached),
-        percent,
-        _max_steps_messages(max_steps),
+    failed = valid & (result != diffrax.RESULTS.successful)
+    # The message's index: over an ensemble the largest, so a trajectory that
+    # reached max_steps is reported, with the furthest one got (defined when empty).
+    index = jnp.where(
+        result == diffrax.RESULTS.max_steps_reached,
+        2 + percent,
+        jnp.where(result == diffrax.RESULTS.dt_min_reached, 1, 0),
     )
-    out = eqx.error_if(
-        out,
-        valid & (result == diffrax.RESULTS.dt_min_reached),
+    index = batch_max_int(jnp.where(failed, index, 0), bits=7)
+    messages = [
+        "The solve failed; inspect sol.result with throw=False.",
         "The step size fell below dtmin (PIDController(force_dtmin=False)). Lower "
         "dtmin, loosen rtol/atol, or check the vector field for a singularity.",
-    )
-    return eqx.error_if(
-        out,
-        valid & (result != diffrax.RESULTS.successful),
-        "The solve failed; inspect sol.result with throw=False.",
-    )
+        *_max_steps_messages(max_steps),
+    ]
+    return eqx.branched_error_if(out, failed, index, messages)
 
 
 def throw_eagerly(
