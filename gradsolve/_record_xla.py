@@ -14,6 +14,21 @@ def _where(pred, new, old):
     return [jnp.where(pred, a, b) for a, b in zip(new, old)]
 
 
+def _batched_as(carry, refs):
+    """`carry`, its values unchanged, batched under `vmap` wherever one of `refs` is.
+
+    `vmap` of a while loop finds which carries are batched by a fixed point, one
+    trace of the body per round: a carry that starts unbatched (a counter) but
+    becomes batched costs a round (three traces of the body instead of one, ~0.08 s
+    each for a small field). A loop over a batched state ends per trajectory, so
+    every carry ends up batched anyway.
+    """
+    never = jnp.array(False)
+    for r in refs:
+        never = never | (jnp.any(jnp.isnan(r)) & False)
+    return jax.tree_util.tree_map(lambda x: jnp.where(never, x, x), carry)
+
+
 def _set_if(buffer, index, value, pred):
     # `buffer` is an `eqxi.while_loop` buffer: the write is predicated in place (under
     # vmap only the written row is selected, not the whole buffer).
@@ -157,6 +172,7 @@ def xla_loop(
         c["num_rejected"] = c["num_rejected"] + jnp.where(keep, 0, 1)
         return c
 
+    carry = _batched_as(carry, [lane["tnext"], *y, *carry.get("f_fsal", [])])
     buffer_keys = [k for k in ("mesh_ts", "starts", "restarts", "states") if k in carry]
     # `eqxi.while_loop` (as Diffrax uses) rather than `lax.while_loop`: under `vmap` a
     # `lax.while_loop` with a batched predicate `select`s its whole carry every
