@@ -23,10 +23,16 @@ def call_if(pred, callback, operand, tree):
         `eqxi.unvmap_any` first, so that the `lax.cond` stays a branch).
     - `callback`: called with `operand` as a NumPy value; its return is ignored.
     - `operand`: an integer scalar, unbatched like `pred`.
-    - `tree`: what the caller returns, with at least one floating-point leaf; its
-        values and derivatives pass unchanged.
+    - `tree`: what the caller returns; its values and derivatives pass unchanged.
     """
-    floats = [x for x in jtu.tree_leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    real = lambda x: jnp.issubdtype(x.dtype, jnp.floating)
+    floats = [x for x in jtu.tree_leaves(tree) if real(x)]
+    if not floats:
+        # Nothing to tie the call to (a complex product with one is not exact when
+        # a part is infinite): an effect, and JAX's slower dispatch.
+        jax.lax.cond(pred, lambda x: jax.debug.callback(callback, x), lambda x: None,
+                     operand)  # fmt: skip
+        return tree
     dtype = jnp.result_type(*floats)
     one = jax.ShapeDtypeStruct((), dtype)
 
@@ -40,8 +46,6 @@ def call_if(pred, callback, operand, tree):
     factor = jax.lax.cond(pred, call, lambda x: jnp.ones((), dtype), operand)
 
     def tie(x):
-        if not jnp.issubdtype(x.dtype, jnp.inexact):
-            return x
-        return x * factor.astype(x.dtype)
+        return x * factor.astype(x.dtype) if real(x) else x
 
     return jtu.tree_map(tie, tree)
