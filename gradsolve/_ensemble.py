@@ -206,14 +206,19 @@ def record_ensemble(
     devices = 1 if split is None else split.size
     local_batch = -(-batch // devices)
     throw = kwargs.pop("throw", True)
+    own_args = None if args_axes is None else args  # per trajectory, if any
+
+    def record_batch(steps, throw):
+        return lambda y, a: _record_batch(
+            terms, solver, t0, t1, dt0, y, a, args_axes, steps, throw, kwargs
+        )
+
     if split is None and chunk_size is None and memory_budget is None and batch > 0:
-        full = record_footprint(max_steps, y0, solver, args if args_axes == 0 else None)
+        full = record_footprint(max_steps, y0, solver, own_args)
         if full.bytes(batch) <= SMALL_RECORDING:
             # Recorded at once with the full buffer: filling it costs less than the
             # bookkeeping of a short buffer first (and of a memory budget).
-            fixed = (terms, solver, t0, t1, dt0)
-            mesh = _record_batch(*fixed, y0, args, args_axes, max_steps, throw, kwargs)
-            return mesh.trim()
+            return record_batch(max_steps, throw)(y0, args).trim()
     budget, parts = None, chunk_size
     if chunk_size is None:
         # Half the budget for the chunk being recorded, half for the mesh returned
@@ -221,7 +226,7 @@ def record_ensemble(
         budget = _device_budget(memory_budget, split)
         fit = lambda steps: fit_chunk(
             local_batch,
-            record_footprint(steps, y0, solver, None if args_axes is None else args),
+            record_footprint(steps, y0, solver, own_args),
             budget,
             "recording",
             "lower max_steps",
@@ -232,12 +237,6 @@ def record_ensemble(
         parts = fit(max_steps)
         chunk_size = parts if split is not None else fit(min(max_steps, SHORT_BUFFER))
     if split is None:
-
-        def record_batch(steps, throw):
-            return lambda y, a: _record_batch(
-                terms, solver, t0, t1, dt0, y, a, args_axes, steps, throw, kwargs
-            )
-
         chunks = (chunk_size, parts, budget)
         return record_in_chunks(
             record_batch, y0, args, args_axes, max_steps, throw, *chunks

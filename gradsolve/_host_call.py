@@ -30,14 +30,14 @@ def call_if(pred, callback, operand, tree):
     if not floats:
         # Nothing to tie the call to (a complex product with one is not exact when
         # a part is infinite): an effect, and JAX's slower dispatch.
-        jax.lax.cond(pred, lambda x: jax.debug.callback(callback, x), lambda x: None,
-                     operand)  # fmt: skip
+        call = lambda x: jax.debug.callback(lambda v: callback(np.asarray(v)), x)
+        jax.lax.cond(pred, call, lambda x: None, operand)
         return tree
     dtype = jnp.result_type(*floats)
     one = jax.ShapeDtypeStruct((), dtype)
 
     def host(value):
-        callback(np.max(value))
+        callback(np.asarray(np.max(value)))
         return np.ones((), dtype)
 
     def call(x):

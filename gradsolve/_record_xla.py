@@ -19,9 +19,10 @@ def _batched_as(carry, refs):
 
     `vmap` of a while loop finds which carries are batched by a fixed point, one
     trace of the body per round: a carry that starts unbatched (a counter) but
-    becomes batched costs a round (three traces of the body instead of one, ~0.08 s
-    each for a small field). A loop over a batched state ends per trajectory, so
-    every carry ends up batched anyway.
+    becomes batched costs a round, ~0.08 s for a small field. A loop over a batched
+    state ends per trajectory, so every carry ends up batched anyway. (For Lorenz
+    this takes three traces to two; the loop state `eqxi.while_loop` adds costs the
+    other.)
     """
     never = jnp.array(False)
     for r in refs:

@@ -119,9 +119,9 @@ def replay_one(
                 mesh.norm, mesh.rtol, mesh.atol, as_tree, y, y1, y_error
             )
         if ratio is not None:
-            # The largest ratio so far, carried (a stack of every step's ratio
-            # maximised after the loop doubled a forward replay's time). A NaN
-            # ratio (the replay blew up) counts as infinite.
+            # The largest ratio so far, carried: no per-step buffer of ratios
+            # reduced after the loop. A NaN ratio (the replay blew up) counts as
+            # infinite.
             ratio = jax.lax.stop_gradient(ratio)
             worst = jnp.maximum(worst, jnp.where(jnp.isnan(ratio), jnp.inf, ratio))
         out = (y1 if keep_states else None, ks if keep_ks else None)
