@@ -28,7 +28,7 @@ from ._mesh_checks import check_complete, rows_fault
 from ._record_chunks import record_in_chunks
 from ._replay_chunks import replay_chunks, replay_chunks_footprint, replay_compiled
 from ._sharding import Split, full_axes, pad_rows, resolve_split, run_sharded
-from ._short_buffer import SHORT_BUFFER, pad_steps
+from ._short_buffer import SHORT_BUFFER, pad_steps, record_with_short_buffer
 from ._solution import Solution
 from ._solve import record
 
@@ -71,6 +71,12 @@ def _record_batch(terms, solver, t0, t1, dt0, y0, args, args_axes, steps, throw,
 # Bytes below which an ensemble is recorded at once with its full `max_steps` buffer
 # (a few trajectories at the default `max_steps`).
 SMALL_RECORDING = 2**20
+
+# Bytes below which (and below a quarter of the default budget) an ensemble is
+# recorded in one chunk, short buffer first, without the bookkeeping of chunks
+# (footprints, pieces, their assembly): with it, 64 Lorenz trajectories took 1.1 ms
+# to record, without it 0.9 ms.
+MODEST_RECORDING = 2**26
 
 
 def _record_one(terms, solver, t0, t1, dt0, y0, args, max_steps, kwargs):
@@ -214,11 +220,17 @@ def record_ensemble(
         )
 
     if split is None and chunk_size is None and memory_budget is None and batch > 0:
-        full = record_footprint(max_steps, y0, solver, own_args)
-        if full.bytes(batch) <= SMALL_RECORDING:
+        full = record_footprint(max_steps, y0, solver, own_args).bytes(batch)
+        if full <= SMALL_RECORDING:
             # Recorded at once with the full buffer: filling it costs less than the
             # bookkeeping of a short buffer first (and of a memory budget).
             return record_batch(max_steps, throw)(y0, args).trim()
+        if full <= min(MODEST_RECORDING, default_budget() // 4):
+            # One chunk, even if every trajectory needs the full buffer: no pieces
+            # to assemble, no budget to watch.
+            return record_with_short_buffer(
+                record_batch, y0, args, args_axes, max_steps, throw
+            )
     budget, parts = None, chunk_size
     if chunk_size is None:
         # Half the budget for the chunk being recorded, half for the mesh returned

@@ -10,7 +10,6 @@ pieces and the mesh (about twice the mesh) and no merged copy of a chunk.
 
 import functools
 
-import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -19,7 +18,7 @@ import numpy as np
 
 from ._memory import RUNTIME_BYTES
 from ._mesh import RecordedMesh
-from ._short_buffer import SHORT_BUFFER, _bucket, pad_steps
+from ._short_buffer import SHORT_BUFFER, _bucket, failed_rows, pad_steps
 
 
 def record_in_chunks(
@@ -62,7 +61,7 @@ def record_in_chunks(
         pieces.add(rows, mesh, chunk_rows=rows.size)
         if short == max_steps:
             continue
-        failed = rows[np.asarray(mesh.result != diffrax.RESULTS.successful)]
+        failed = rows[failed_rows(mesh)]
         del mesh, chunk
         for first in range(0, failed.size, part):
             group = failed[first : first + part]

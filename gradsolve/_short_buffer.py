@@ -34,6 +34,15 @@ def _bucket(count: int, batch: int) -> int:
     return min(batch, 1 << max(count - 1, 0).bit_length())
 
 
+def failed_rows(mesh: RecordedMesh) -> np.ndarray:
+    """The indices of the trajectories of a batched mesh whose recording did not
+    succeed, compared on the host: the result codes are copied there anyway, and
+    an eager comparison on the device is one more dispatch per recording."""
+    (codes,) = jtu.tree_leaves(mesh.result)
+    (successful,) = jtu.tree_leaves(diffrax.RESULTS.successful)
+    return np.flatnonzero(np.asarray(codes) != np.asarray(successful))
+
+
 def record_with_short_buffer(
     record_batch: Callable[[int, bool], Callable],
     y0,
@@ -61,7 +70,7 @@ def record_with_short_buffer(
     if short == max_steps:
         return record_batch(max_steps, throw)(y0, args).trim()
     mesh = record_batch(short, False)(y0, args).trim()
-    failed = np.flatnonzero(np.asarray(mesh.result != diffrax.RESULTS.successful))
+    failed = failed_rows(mesh)
     if failed.size == 0:
         return mesh
     batch = mesh.ts.shape[0]

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import gradsolve as gs
-from gradsolve._memory import RUNTIME_BYTES
+from gradsolve._ensemble import MODEST_RECORDING, SMALL_RECORDING
+from gradsolve._memory import RUNTIME_BYTES, record_footprint
 from gradsolve._short_buffer import SHORT_BUFFER
 
 from .helpers import PROBLEMS
@@ -120,18 +121,29 @@ def test_estimates_cover_the_buffers():
     assert double["gradient"] == 2 * est["gradient"]
 
 
-def test_short_first_buffer_gives_the_full_recording():
+@pytest.mark.parametrize("way", ["at once", "one chunk", "chunks"])
+def test_short_first_buffer_gives_the_full_recording(way):
     # Decay rates over five decades: 7 to ~1,600 steps, so some trajectories
     # outgrow the first, short buffer and are recorded again; one runs out of
-    # max_steps and must fail as it does in a single recording.
+    # max_steps and must fail as it does in a single recording. Three ways: a
+    # small ensemble at once with max_steps, a larger one in one chunk (short
+    # buffer first), and chunks.
     rates = jnp.array([0.1, 1.0, 1e3, 10.0, 3e3, 1e4])
+    if way == "one chunk":
+        rates = jnp.tile(rates, 32)
     term = diffrax.ODETerm(lambda t, y, k: -k * y + jnp.sin(t))
-    y0s = jnp.ones((6, 2))
+    y0s = jnp.ones((rates.size, 2))
     kwargs = dict(stepsize_controller=CTRL, max_steps=1200)
+    if way == "chunks":
+        kwargs["chunk_size"] = 4
+    full = record_footprint(1200, y0s, gs.Tsit5(), rates).bytes(rates.size)
+    assert (full <= SMALL_RECORDING) == (way != "one chunk")
+    assert full <= MODEST_RECORDING
 
     def one(y0, k):
-        return gs.record(term, gs.Tsit5(), 0.0, 3.0, None, y0, k, throw=False, **kwargs)
+        return gs.record(term, gs.Tsit5(), 0.0, 3.0, None, y0, k, throw=False, **kw)
 
+    kw = dict(stepsize_controller=CTRL, max_steps=1200)
     want = jax.vmap(one)(y0s, rates).trim()
     got = gs.record_ensemble(
         term, gs.Tsit5(), 0.0, 3.0, None, y0s, rates, args_axes=0, throw=False, **kwargs
