@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
+from ._batch_record import batch_recorder
 from ._memory import (
     available_memory as available_memory,
     default_budget as default_budget,
@@ -56,16 +57,6 @@ def _check_sizes(memory_budget, chunk_size) -> None:
         "trajectories per chunk on each device",
         "as many as fit memory_budget",
     )
-
-
-@eqx.filter_jit
-def _record_batch(terms, solver, t0, t1, dt0, y0, args, args_axes, steps, throw, kw):
-    """`jax.vmap` of `record`, compiled once per shape and setting (a module-level
-    function, so that repeated calls of `record_ensemble` reuse it)."""
-    one = lambda y, a: record(
-        terms, solver, t0, t1, dt0, y, a, max_steps=steps, throw=throw, **kw
-    )
-    return jax.vmap(one, in_axes=(0, args_axes))(y0, args)
 
 
 # Bytes below which an ensemble is recorded at once with its full `max_steps` buffer
@@ -215,8 +206,8 @@ def record_ensemble(
     own_args = None if args_axes is None else args  # per trajectory, if any
 
     def record_batch(steps, throw):
-        return lambda y, a: _record_batch(
-            terms, solver, t0, t1, dt0, y, a, args_axes, steps, throw, kwargs
+        return batch_recorder(
+            terms, solver, t0, t1, dt0, args_axes, steps, throw, kwargs
         )
 
     if split is None and chunk_size is None and memory_budget is None and batch > 0:

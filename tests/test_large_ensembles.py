@@ -1,6 +1,8 @@
 """Chunked recording and replay give the unchunked results bit for bit; memory
 estimates choose the chunks and refuse what cannot fit."""
 
+import dataclasses
+
 import diffrax
 import jax
 import jax.numpy as jnp
@@ -176,3 +178,54 @@ def test_chunked_replay_with_shared_args(mesh, chunk_size):
     got_grad, got_ys = loss(gs.replay_ensemble, chunk_size=chunk_size)
     _assert_identical(got_ys, want_ys)
     np.testing.assert_allclose(got_grad, want_grad, rtol=1e-13)
+
+
+def _compilations(fn):
+    """The number of XLA compilations while `fn()` runs."""
+    count = [0]
+
+    def listen(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            count[0] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        jax.block_until_ready(fn())
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    return count[0]
+
+
+def test_recordings_with_the_same_settings_compile_once():
+    record = lambda y0s, params: gs.record_ensemble(
+        TERM, gs.Tsit5(), 0.0, 1.0, None, y0s, params, args_axes=0,
+        stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-6),
+    )  # fmt: skip
+    first = record(Y0S, PARAMS)
+    # New values, a new (equal) controller: nothing to compile.
+    y0s, params = Y0S * 1.001, PARAMS * 1.001
+    assert _compilations(lambda: record(y0s, params)) == 0
+    again = record(Y0S, PARAMS)
+    _assert_identical(again, first)
+
+
+@dataclasses.dataclass
+class _Decay:
+    """A vector field that cannot be hashed (a dataclass compared by value)."""
+
+    rate: float
+
+    def __call__(self, t, y, args):
+        return -self.rate * args * y
+
+
+def test_settings_that_cannot_be_hashed_fail_as_in_one_recording():
+    # `gs.record` needs a hashable vector field; the ensemble reports it as
+    # `gs.record` does, not with an error of its own.
+    term = diffrax.ODETerm(_Decay(0.5))
+    rates = jnp.linspace(0.5, 2.0, 4)
+    y0s = jnp.ones((4, 2))
+    with pytest.raises(ValueError, match="Non-hashable static arguments"):
+        gs.record(term, gs.Tsit5(), 0.0, 1.0, None, y0s[0], rates[0])
+    with pytest.raises(ValueError, match="Non-hashable static arguments"):
+        gs.record_ensemble(term, gs.Tsit5(), 0.0, 1.0, None, y0s, rates, args_axes=0)
