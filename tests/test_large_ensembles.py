@@ -135,9 +135,8 @@ def test_short_first_buffer_gives_the_full_recording(way):
         rates = jnp.tile(rates, 32)
     term = diffrax.ODETerm(lambda t, y, k: -k * y + jnp.sin(t))
     y0s = jnp.ones((rates.size, 2))
-    kwargs = dict(stepsize_controller=CTRL, max_steps=1200)
-    if way == "chunks":
-        kwargs["chunk_size"] = 4
+    kw = dict(stepsize_controller=CTRL, max_steps=1200)
+    kwargs = dict(kw, chunk_size=4) if way == "chunks" else kw
     full = record_footprint(1200, y0s, gs.Tsit5(), rates).bytes(rates.size)
     assert (full <= SMALL_RECORDING) == (way != "one chunk")
     assert full <= MODEST_RECORDING
@@ -145,7 +144,6 @@ def test_short_first_buffer_gives_the_full_recording(way):
     def one(y0, k):
         return gs.record(term, gs.Tsit5(), 0.0, 3.0, None, y0, k, throw=False, **kw)
 
-    kw = dict(stepsize_controller=CTRL, max_steps=1200)
     want = jax.vmap(one)(y0s, rates).trim()
     got = gs.record_ensemble(
         term, gs.Tsit5(), 0.0, 3.0, None, y0s, rates, args_axes=0, throw=False, **kwargs
