@@ -155,7 +155,8 @@ def record_ensemble(
     chunk at a time, and on one device each chunk is first recorded with a buffer of
     512 steps; only the trajectories that need more (or fail) are recorded again
     with `max_steps`. (A small ensemble, whose full buffers take under 1 MiB, is
-    recorded at once with `max_steps`.) On several devices (see `sharding`) every
+    recorded at once with `max_steps`; one whose full buffers take under 64 MiB, in
+    one chunk.) On several devices (see `sharding`) every
     device records its own trajectories, chunk by chunk, and steps independently of
     the others; the mesh stays split across the devices.
 
