@@ -26,13 +26,17 @@ CACHED_RECORDERS = 32
 _RECORDERS: collections.OrderedDict = collections.OrderedDict()
 
 
-@eqx.filter_jit
-def _record_batch(terms, solver, t0, t1, dt0, y0, args, args_axes, steps, throw, kw):
-    """`jax.vmap` of `record` (for settings that cannot be a cache key)."""
+def _record_batch(settings, y0, args):
+    """`jax.vmap` of `record` over `y0` and `args` (batched along `args_axes`)."""
+    terms, solver, t0, t1, dt0, args_axes, steps, throw, kw = settings
     one = lambda y, a: record(
         terms, solver, t0, t1, dt0, y, a, max_steps=steps, throw=throw, **kw
     )
     return jax.vmap(one, in_axes=(0, args_axes))(y0, args)
+
+
+# For settings that cannot be a cache key: Equinox splits them on every call.
+_record_batch_filtered = eqx.filter_jit(_record_batch)
 
 
 def _recorder(treedef, static: tuple, is_array: tuple) -> Callable:
@@ -44,14 +48,7 @@ def _recorder(treedef, static: tuple, is_array: tuple) -> Callable:
         leaves = [next(it) if dynamic else s for s, dynamic in zip(static, is_array)]
         return jtu.tree_unflatten(treedef, leaves)
 
-    def run(arrays, y0, args):
-        terms, solver, t0, t1, dt0, args_axes, steps, throw, kw = settings(arrays)
-        one = lambda y, a: record(
-            terms, solver, t0, t1, dt0, y, a, max_steps=steps, throw=throw, **kw
-        )
-        return jax.vmap(one, in_axes=(0, args_axes))(y0, args)
-
-    return jax.jit(run)
+    return jax.jit(lambda arrays, y0, args: _record_batch(settings(arrays), y0, args))
 
 
 def batch_recorder(terms, solver, t0, t1, dt0, args_axes, steps, throw, kw):
@@ -65,10 +62,8 @@ def batch_recorder(terms, solver, t0, t1, dt0, args_axes, steps, throw, kw):
     key = (treedef, static, is_array)
     try:
         hash(key)
-    except TypeError:  # a setting that cannot be a key: Equinox splits it each call
-        return lambda y, a: _record_batch(
-            terms, solver, t0, t1, dt0, y, a, args_axes, steps, throw, kw
-        )
+    except TypeError:
+        return lambda y, a: _record_batch_filtered(fixed, y, a)
     run = _RECORDERS.pop(key, None) or _recorder(treedef, static, is_array)
     _RECORDERS[key] = run
     while len(_RECORDERS) > CACHED_RECORDERS:

@@ -105,6 +105,15 @@ def _result_name(code: int) -> str:
     return f"result code {code}"
 
 
+def failed_rows(mesh: RecordedMesh) -> np.ndarray:
+    """The rows (flattened) of a concrete mesh whose recording did not succeed,
+    compared on the host: the result codes are copied there anyway, and an eager
+    comparison on the device is one more dispatch per recording."""
+    (codes,) = jtu.tree_leaves(mesh.result)
+    (successful,) = jtu.tree_leaves(diffrax.RESULTS.successful)
+    return np.flatnonzero(np.asarray(codes) != np.asarray(successful))
+
+
 def check_complete(mesh: RecordedMesh) -> bool:
     """Raise if a concrete mesh holds a failed recording. Returns whether it was
     checked: `False` for a traced mesh (check it with `error_if_incomplete`)."""
@@ -122,7 +131,7 @@ def check_complete(mesh: RecordedMesh) -> bool:
             )
         return True
     codes = np.asarray(codes).reshape(-1)
-    failed = np.flatnonzero(codes != 0)
+    failed = failed_rows(mesh)
     if failed.size == 0:
         return True
     row = int(failed[0])

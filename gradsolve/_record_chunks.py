@@ -18,7 +18,8 @@ import numpy as np
 
 from ._memory import RUNTIME_BYTES
 from ._mesh import RecordedMesh
-from ._short_buffer import SHORT_BUFFER, _bucket, failed_rows, pad_steps
+from ._mesh_checks import failed_rows
+from ._short_buffer import SHORT_BUFFER, _bucket, pad_steps
 
 
 def record_in_chunks(

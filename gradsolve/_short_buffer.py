@@ -13,13 +13,13 @@ trajectory's mesh is the one a single recording with `max_steps` gives.
 
 from collections.abc import Callable
 
-import diffrax
 import equinox as eqx
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
 from ._mesh import RecordedMesh
+from ._mesh_checks import failed_rows
 
 
 # Steps (accepted and rejected) of the first recording's buffer: room for most
@@ -32,15 +32,6 @@ def _bucket(count: int, batch: int) -> int:
     """`count` rounded up to a power of two (at most `batch`): re-recordings of a
     few trajectories reuse a handful of compiled shapes."""
     return min(batch, 1 << max(count - 1, 0).bit_length())
-
-
-def failed_rows(mesh: RecordedMesh) -> np.ndarray:
-    """The indices of the trajectories of a batched mesh whose recording did not
-    succeed, compared on the host: the result codes are copied there anyway, and
-    an eager comparison on the device is one more dispatch per recording."""
-    (codes,) = jtu.tree_leaves(mesh.result)
-    (successful,) = jtu.tree_leaves(diffrax.RESULTS.successful)
-    return np.flatnonzero(np.asarray(codes) != np.asarray(successful))
 
 
 def record_with_short_buffer(
