@@ -17,6 +17,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ._components import args_as_elements
 from ._mesh import RecordedMesh
 from ._problem import LeafProblem
 from ._representation import Representation
@@ -95,7 +96,14 @@ def adjoint_loop(
         states = representation.split(recorded.merge(states, 1), 1)
     split, merge = representation.split, representation.merge
 
-    diff_dynamic, diff_static = eqx.partition(diff, is_float_array)
+    # On components the field reads `args` element by element: those elements are
+    # what the segments differentiate, so that their cotangents build up as one
+    # array each, and are gathered into `args`' leaves once, at the end.
+    if representation.layout is None:
+        loop_args, rebuild = args, None
+    else:
+        loop_args, rebuild = args_as_elements(args)
+    diff_dynamic, diff_static = eqx.partition((y0_leaves, loop_args, f), is_float_array)
 
     # The cotangents of the final state, of the step saves and of the `ts` saves.
     y_bar = split([jnp.zeros_like(x) for x in diff[0]])
@@ -110,7 +118,10 @@ def adjoint_loop(
 
     def step(y, dynamic, s, e):
         _, args, f = eqx.combine(dynamic, diff_static)
-        vf = representation.field(LeafProblem(f=f, args=args, treedef=treedef))
+        if rebuild is None:
+            vf = representation.field(LeafProblem(f=f, args=args, treedef=treedef))
+        else:
+            vf = representation.field(LeafProblem(f, None, treedef), rebuild(args))
         y1, _, dense, _ = solver.step_leaves(vf, s, e, direction, y, None)
         return y1, dense
 
@@ -243,4 +254,19 @@ def adjoint_loop(
     if plan.t0:
         y_bar = _add(y_bar, split([x[0] for x in ys_bar]))
     y0_bar, args_bar, f_bar = diff_bar
+    if rebuild is not None:
+        args_bar = _gather_elements(args, args_bar)
     return _add(y0_bar, merge(y_bar)), args_bar, f_bar
+
+
+def _gather_elements(args, elements_bar):
+    """The cotangent of `args` from that of its elements (`args_as_elements`)."""
+    args_dynamic, args_static = eqx.partition(args, is_float_array)
+
+    def elements(dynamic):
+        flat, _ = args_as_elements(eqx.combine(dynamic, args_static))
+        return eqx.filter(flat, is_float_array)
+
+    _, pull = jax.vjp(elements, args_dynamic)
+    (args_bar,) = pull(elements_bar)
+    return args_bar

@@ -15,6 +15,7 @@ computation, so values (and derivatives) agree with the array form to round-off.
 """
 
 import contextlib
+from collections.abc import Callable
 import contextvars
 import functools
 
@@ -396,6 +397,39 @@ def args_from_elements(static, treedef, structs, elements) -> tuple:
             out[j] = e
         inputs.append(_Comp(out.reshape(st.shape), st.dtype))
     return static, treedef, structs, inputs
+
+
+def args_as_elements(args) -> tuple[list, Callable]:
+    """`args` for a loop that differentiates with respect to them: `(flat,
+    rebuild)`, where `flat` lists the array leaves of `args`, the small
+    floating-point ones element by element (as `_split_args` splits them), and
+    `rebuild(flat)` gives `_split_args(args)` back from such a list.
+
+    A loop over steps whose field takes `rebuild(flat)` accumulates the
+    cotangents of `flat`: one array per element, rather than each step scattering
+    into the whole leaf."""
+    static, treedef, structs, inputs = _split_args(args)
+    flat, sizes = [], []
+    for x in inputs:
+        parts = list(x.elems.reshape(-1)) if isinstance(x, _Comp) else [x]
+        flat.extend(parts)
+        sizes.append(len(parts) if isinstance(x, _Comp) else None)
+
+    def rebuild(flat):
+        rebuilt, i = [], 0
+        for st, size in zip(structs, sizes):
+            if size is None:
+                rebuilt.append(flat[i])
+                i += 1
+                continue
+            elems = np.empty(size, dtype=object)
+            for j in range(size):
+                elems[j] = flat[i + j]
+            i += size
+            rebuilt.append(_Comp(elems.reshape(st.shape), st.dtype))
+        return static, treedef, structs, rebuilt
+
+    return flat, rebuild
 
 
 def component_field(f, treedef, layout: Layout, t, comps, split_args) -> list:
