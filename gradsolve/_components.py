@@ -15,9 +15,9 @@ computation, so values (and derivatives) agree with the array form to round-off.
 """
 
 import contextlib
-from collections.abc import Callable
 import contextvars
 import functools
+from collections.abc import Callable
 
 import equinox as eqx
 import jax

@@ -267,9 +267,11 @@ def test_one_call_gradient_with_args_of_every_kind():
     to split, an integer leaf and a function: the one-call gradient with respect to
     each floating-point leaf equals Diffrax's."""
     term = diffrax.ODETerm(
-        lambda t, y, a: a["rate"] * (a["mix"] @ y)
-        + jnp.sum(a["weights"]) / a["weights"].size * a["shape"](y)
-        + a["shift"].astype(y.dtype)
+        lambda t, y, a: (
+            a["rate"] * (a["mix"] @ y)
+            + jnp.sum(a["weights"]) / a["weights"].size * a["shape"](y)
+            + a["shift"].astype(y.dtype)
+        )
     )
     args = {
         "rate": jnp.array(0.7),
