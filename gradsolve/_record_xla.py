@@ -31,9 +31,15 @@ def _batched_as(carry, refs):
 
 
 def _set_if(buffer, index, value, pred):
-    # `buffer` is an `eqxi.while_loop` buffer: the write is predicated in place (under
-    # vmap only the written row is selected, not the whole buffer).
-    return buffer.at[index].set(value, pred=pred)
+    """`buffer` with `value` written at `index` where `pred`, else unchanged.
+
+    Where `pred` is false the index is past the end, and the write is dropped.
+    So nothing is read back from the buffer, and nothing is touched where
+    nothing is written: under `vmap` each trajectory's row of a
+    `(batch, max_steps + 1)` buffer lies in memory pages of its own, and a
+    predicated write would gather every trajectory's old value first."""
+    index = jnp.where(pred, index, buffer.shape[0])
+    return buffer.at[index].set(value, mode="drop")
 
 
 def xla_loop(
@@ -97,11 +103,26 @@ def xla_loop(
             jnp.broadcast_to(x, (max_steps // every + 1,) + x.shape) for x in y
         ]
 
+    # Left as the body makes them: the buffers are written only where their
+    # trajectory is active (`_set_if`), and `active` is the mask itself.
+    unmasked = {"mesh_ts", "starts", "restarts", "states", "active"}
+
+    def running(c):
+        going = (c["tprev"] < ti1) & (c["num_steps"] < max_steps)
+        return going & (c["result"] == diffrax.RESULTS.successful)
+
     def cond_fn(c):
-        running = (c["tprev"] < ti1) & (c["num_steps"] < max_steps)
-        return running & (c["result"] == diffrax.RESULTS.successful)
+        # Under `vmap` the loop runs while any trajectory runs, and the body leaves
+        # the others as they are (`active`): with a batched predicate `vmap` would
+        # select the whole carry, buffers included, every iteration. (`active` is
+        # carried rather than recomputed at the start of the body: recomputed, it
+        # changed how XLA compiled a batch of one, whose steps then differed from
+        # the same trajectory's in a larger batch by round-off.)
+        return eqxi.unvmap_any(c["active"])
 
     def body_fn(c):
+        before = c
+        active = c["active"]
         c = dict(c)
         tprev, tnext, y = c["tprev"], c["tnext"], c["y"]
         f0 = c.get("f_fsal")
@@ -128,6 +149,7 @@ def xla_loop(
             jnp.where(keep, ti1, next_tprev + 0.5 * (ti1 - next_tprev)),
             next_tnext,
         )
+        keep = keep & active
         index = c["num_accepted"]
         c["mesh_ts"] = _set_if(c["mesh_ts"], index + 1, direction * tnext, keep)
         if has_jumps:
@@ -171,18 +193,17 @@ def xla_loop(
         c["num_steps"] = c["num_steps"] + 1
         c["num_accepted"] = index + jnp.where(keep, 1, 0)
         c["num_rejected"] = c["num_rejected"] + jnp.where(keep, 0, 1)
-        return c
+        c["active"] = active & running(c)
+        return {
+            k: v if k in unmasked else _where_tree(active, v, before[k])
+            for k, v in c.items()
+        }
 
+    carry["active"] = running(carry)
     carry = _batched_as(carry, [lane["tnext"], *y, *carry.get("f_fsal", [])])
-    buffer_keys = [k for k in ("mesh_ts", "starts", "restarts", "states") if k in carry]
-    # `eqxi.while_loop` (as Diffrax uses) rather than `lax.while_loop`: under `vmap` a
-    # `lax.while_loop` with a batched predicate `select`s its whole carry every
-    # iteration, which copies the `(max_steps + 1, ...)` buffers once per step.
-    c = eqxi.while_loop(
-        cond_fn,
-        body_fn,
-        carry,
-        kind="lax",
-        buffers=lambda c: [c[k] for k in buffer_keys],
-    )
+    c = jax.lax.while_loop(cond_fn, body_fn, carry)
     return c, every
+
+
+def _where_tree(pred, new, old):
+    return jax.tree_util.tree_map(lambda a, b: jnp.where(pred, a, b), new, old)
