@@ -1,4 +1,4 @@
-"""The recording's stepping loop on XLA: Diffrax's loop as an `eqxi.while_loop`,
+"""The recording's stepping loop on XLA: Diffrax's loop as a `lax.while_loop`,
 writing each accepted step into the mesh's buffers (`_record.record_loop` chooses
 between it and the fused kernel of `_kernel.py`)."""
 
@@ -20,9 +20,7 @@ def _batched_as(carry, refs):
     `vmap` of a while loop finds which carries are batched by a fixed point, one
     trace of the body per round: a carry that starts unbatched (a counter) but
     becomes batched costs a round, ~0.08 s for a small field. A loop over a batched
-    state ends per trajectory, so every carry ends up batched anyway. (For Lorenz
-    this takes three traces to two; the loop state `eqxi.while_loop` adds costs the
-    other.)
+    state ends per trajectory, so every carry ends up batched anyway.
     """
     never = jnp.array(False)
     for r in refs:
