@@ -17,7 +17,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._components import args_as_elements
+from ._component_field import args_as_elements
 from ._mesh import RecordedMesh
 from ._problem import LeafProblem
 from ._representation import Representation

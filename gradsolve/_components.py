@@ -17,12 +17,10 @@ computation, so values (and derivatives) agree with the array form to round-off.
 import contextlib
 import contextvars
 import functools
-from collections.abc import Callable
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import jax.tree_util as jtu
 import numpy as np
 from jax.extend import core as jex_core
 
@@ -367,113 +365,6 @@ def trajectory_struct(shape, dtype) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct(shape, dtype)
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-
-
-def _split_args(args):
-    """`args` as (static part, its array leaves' treedef, the leaves' structs, inputs):
-    small floating-point leaves are split into components once, here, so that the
-    vector field's indexing of them (e.g. `a, b, c = args`) is free and their
-    cotangents are accumulated per component."""
-    dynamic, static = eqx.partition(args, eqx.is_array)
-    leaves, treedef = jtu.tree_flatten(dynamic)
-    structs = [struct_of(x) for x in leaves]
-    inputs = []
-    for x, st in zip(leaves, structs):
-        if jnp.issubdtype(st.dtype, jnp.inexact) and 0 < x.size <= MAX_COMPONENTS:
-            inputs.append(_Comp(_split(x, st.shape), st.dtype))
-        else:
-            inputs.append(x)
-    return static, treedef, structs, inputs
-
-
-def args_from_elements(static, treedef, structs, elements) -> tuple:
-    """The `(static, treedef, structs, inputs)` of `_split_args`, for `args` whose
-    array leaves are already given element by element (`elements[i]` lists the
-    elements of leaf `i` in row-major order, e.g. per-lane rows inside a kernel)."""
-    inputs = []
-    for st, elems in zip(structs, elements):
-        out = np.empty(len(elems), dtype=object)
-        for j, e in enumerate(elems):
-            out[j] = e
-        inputs.append(_Comp(out.reshape(st.shape), st.dtype))
-    return static, treedef, structs, inputs
-
-
-def args_as_elements(args) -> tuple[list, Callable]:
-    """`args` for a loop that differentiates with respect to them: `(flat,
-    rebuild)`, where `flat` lists the array leaves of `args`, the small
-    floating-point ones element by element (as `_split_args` splits them), and
-    `rebuild(flat)` gives `_split_args(args)` back from such a list.
-
-    A loop over steps whose field takes `rebuild(flat)` accumulates the
-    cotangents of `flat`: one array per element, rather than each step scattering
-    into the whole leaf."""
-    static, treedef, structs, inputs = _split_args(args)
-    flat, sizes = [], []
-    for x in inputs:
-        parts = list(x.elems.reshape(-1)) if isinstance(x, _Comp) else [x]
-        flat.extend(parts)
-        sizes.append(len(parts) if isinstance(x, _Comp) else None)
-
-    def rebuild(flat):
-        rebuilt, i = [], 0
-        for st, size in zip(structs, sizes):
-            if size is None:
-                rebuilt.append(flat[i])
-                i += 1
-                continue
-            elems = np.empty(size, dtype=object)
-            for j in range(size):
-                elems[j] = flat[i + j]
-            i += size
-            rebuilt.append(_Comp(elems.reshape(st.shape), st.dtype))
-        return static, treedef, structs, rebuilt
-
-    return flat, rebuild
-
-
-def component_field(f, treedef, layout: Layout, t, comps, split_args) -> list:
-    """`f(t, y, args)` for `y` given as components; returns components."""
-    structs = [trajectory_struct(s, d) for s, d in zip(layout.shapes, layout.dtypes)]
-    static, args_treedef, args_structs, args_inputs = split_args
-
-    def g(t, y_leaves, args_leaves):
-        y = jtu.tree_unflatten(treedef, y_leaves)
-        args = eqx.combine(jtu.tree_unflatten(args_treedef, args_leaves), static)
-        return jtu.tree_leaves(f(t, y, args))
-
-    closed = jax.make_jaxpr(g)(t, structs, args_structs)
-    inputs = [t]
-    i = 0
-    for shape, dtype in zip(layout.shapes, layout.dtypes):
-        n = int(np.prod(shape, dtype=int))
-        elems = np.empty(n, dtype=object)
-        for j in range(n):
-            elems[j] = comps[i + j]
-        i += n
-        inputs.append(_Comp(elems.reshape(shape), dtype))
-    inputs.extend(args_inputs)
-    outs = _eval(closed.jaxpr, closed.consts, inputs)
-    result = []
-    for x, v, dtype in zip(outs, closed.jaxpr.outvars, layout.dtypes):
-        elems = _as_elems(x, v.aval).reshape(-1)
-        result.extend(jnp.asarray(e, dtype) for e in elems)
-    return result
-
-
-class ComponentProblem:
-    """A `LeafProblem` whose state is a flat list of components (see `Layout`)."""
-
-    def __init__(self, f, args, treedef, layout, split_args=None):
-        self.f = f
-        self.treedef = treedef
-        self.layout = layout
-        self.split_args = _split_args(args) if split_args is None else split_args
-
-    def vf(self, t, comps):
-        return component_field(
-            self.f, self.treedef, self.layout, t, comps, self.split_args
-        )
 
 
 def struct_of(x) -> jax.ShapeDtypeStruct:

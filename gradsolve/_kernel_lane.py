@@ -15,7 +15,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from ._components import args_from_elements
+from ._component_field import args_from_elements
 from ._controller import adapt_step_size
 from ._problem import LeafProblem
 from ._solver.interpolation import combine, normalised_time

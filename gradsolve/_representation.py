@@ -13,9 +13,9 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.extend import core as jex_core
 
+from ._component_field import ComponentProblem
 from ._components import (
     MAX_COMPONENTS,
-    ComponentProblem,
     Layout,
     num_components,
     operation_budget,

@@ -106,7 +106,8 @@ def test_divisions_on_components_share_one_reciprocal_across_tangents():
     # On components a division's derivative takes one reciprocal, whatever the
     # number of tangents (JAX's own rule divides every tangent): the elements
     # divided in a forward-mode Jacobian do not grow with the parameters.
-    from gradsolve._components import ComponentProblem, Layout
+    from gradsolve._component_field import ComponentProblem
+    from gradsolve._components import Layout
     from gradsolve._representation import equations
 
     y0 = jnp.array([2.0, 0.5])
