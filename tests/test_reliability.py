@@ -72,6 +72,32 @@ def test_failed_trajectories_of_a_batched_mesh():
     np.testing.assert_array_equal(sol.ys[ok], alone.ys)
 
 
+def test_each_trajectory_of_a_batch_records_as_it_does_alone():
+    # Rows that stop at different times, one of them for want of steps, with save
+    # times and forced step ends: under vmap the recording loop runs until the
+    # last row stops and must leave every other row exactly as its own solve.
+    ctrl = diffrax.PIDController(rtol=1e-6, atol=1e-6, step_ts=jnp.array([0.7, 3.1]))
+    saveat = diffrax.SaveAt(ts=jnp.linspace(0.5, 5.5, 6))
+    y0s = jnp.stack([3 * LV.y0, LV.y0, 0.2 * LV.y0, 2 * LV.y0])
+
+    def solve(y0):
+        sol = gs.diffeqsolve(
+            TERM, gs.Tsit5(), 0.0, 6.0, None, y0, LV.args,
+            saveat=saveat, stepsize_controller=ctrl, max_steps=60, throw=False,
+        )  # fmt: skip
+        return sol.mesh, sol.ys, sol.stats
+
+    batched = jax.vmap(solve)(y0s)
+    results = np.asarray(batched[0].result == diffrax.RESULTS.successful)
+    assert not results.all() and results.any()
+    steps = np.asarray(batched[0].num_steps)
+    assert len(set(steps[results].tolist())) > 1
+    for i, y0 in enumerate(y0s):
+        alone = solve(y0)
+        for got, want in zip(jax.tree.leaves(alone), jax.tree.leaves(batched)):
+            np.testing.assert_array_equal(np.asarray(want)[i], np.asarray(got))
+
+
 def test_mesh_of_another_problem_is_refused():
     lorenz = gs.record(
         diffrax.ODETerm(LORENZ.f),
