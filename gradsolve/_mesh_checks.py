@@ -110,8 +110,13 @@ def failed_rows(mesh: RecordedMesh) -> np.ndarray:
     compared on the host: the result codes are copied there anyway, and an eager
     comparison on the device is one more dispatch per recording."""
     (codes,) = jtu.tree_leaves(mesh.result)
+    return _unsuccessful(np.asarray(codes))
+
+
+def _unsuccessful(codes: np.ndarray) -> np.ndarray:
+    """The (flattened) positions of result codes on the host other than success."""
     (successful,) = jtu.tree_leaves(diffrax.RESULTS.successful)
-    return np.flatnonzero(np.asarray(codes) != np.asarray(successful))
+    return np.flatnonzero(codes != np.asarray(successful))
 
 
 def check_complete(mesh: RecordedMesh) -> bool:
@@ -131,7 +136,7 @@ def check_complete(mesh: RecordedMesh) -> bool:
             )
         return True
     codes = np.asarray(codes).reshape(-1)
-    failed = failed_rows(mesh)
+    failed = _unsuccessful(codes)
     if failed.size == 0:
         return True
     row = int(failed[0])
