@@ -15,7 +15,7 @@ import gradsolve as gs
 from gradsolve._solver.rodas5 import RODAS5_TABLEAU
 
 from .helpers import max_relative_error
-from .stiff_problems import STIFF, reference, robertson
+from .stiff_problems import STIFF, reference, robertson, scipy_reference
 
 
 SOLVERS = [gs.Rodas5(), gs.Rodas5P()]
@@ -115,6 +115,12 @@ def test_stiff_accuracy_against_scipy_radau(name, solver_index, rtol):
     assert result == diffrax.RESULTS.successful
     tolerance = rtol * problem.atol_scale + rtol * np.abs(ref)
     assert np.max(np.abs(np.asarray(y1) - ref) / tolerance) < 10
+
+
+@pytest.mark.slow  # SciPy calls the field once per evaluation: ~27 s for the four
+@pytest.mark.parametrize("name", list(STIFF))
+def test_stored_references_are_scipys(name):
+    np.testing.assert_allclose(reference(name), scipy_reference(name), rtol=1e-10)
 
 
 def _diffusion(t, y, k):
