@@ -1,0 +1,120 @@
+"""Where the time of a small ensemble's record + gradient goes, call by call, under
+the protocol of `run.py` (`gc.collect()` before every timed call).
+
+`python benchmarks/small_call_costs.py [--sizes 1,64] [--problems lorenz]`
+(float64, the problems of `problems.py` at their float64 tolerance, loss =
+sum(y(t1)**2)). For each case it prints the minimum and median over interleaved
+rounds (`harness.time_interleaved`, as `run.py`), after a compiling call, of:
+
+- `gs.record_ensemble`: the whole recording as `run.py` times it;
+- `its recording program`: the compiled `vmap` of `gs.record` it calls (the mesh
+  with the full `max_steps` buffer, not trimmed);
+- `trim()`: the trim of that mesh (a host read of the step counts, then one
+  compiled call that cuts the buffer);
+- `host read of num_steps`: `np.asarray(mesh.num_steps)` alone;
+- `replay gradient`: `jax.grad` of the loss through `gs.replay` over the trimmed mesh;
+- `gs.diffeqsolve forward`, `Diffrax forward`, `Diffrax gradient`: `jax.jit` of
+  `vmap` of each solve (Diffrax: default adjoint);
+- `empty program, 1 output` and `..., 7 outputs`: a compiled call that only adds
+  zero to its inputs (7: as many arrays as a batched mesh holds): the floor of
+  any compiled call on this machine under this protocol.
+"""
+
+import argparse
+import sys
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from harness import time_interleaved
+from problems import PROBLEMS
+
+import gradsolve as gs
+from gradsolve._batch_record import batch_recorder
+
+
+def case(name: str, n: int, repeats: int) -> list[tuple[str, float, float]]:
+    problem = PROBLEMS[name]
+    y0s, args = problem.make_inputs(n, np.random.default_rng(0))
+    y0s, args = jnp.asarray(y0s), jnp.asarray(args)
+    t0, t1 = jnp.asarray(problem.t0), jnp.asarray(problem.t1)
+    ax, max_steps, tol = problem.args_axes, problem.max_steps, problem.tol64
+    term, solver = gs.ODETerm(problem.jax_vf), gs.Tsit5()
+    ctrl = gs.PIDController(rtol=tol, atol=tol)
+    kw = dict(stepsize_controller=ctrl, max_steps=max_steps)
+
+    def record_ensemble():
+        return gs.record_ensemble(
+            term, solver, t0, t1, None, y0s, args, args_axes=ax, **kw
+        )
+
+    recorder = batch_recorder(
+        term, solver, t0, t1, None, ax, max_steps, True, dict(stepsize_controller=ctrl)
+    )
+    untrimmed = jax.block_until_ready(recorder(y0s, args))
+    mesh = record_ensemble()
+
+    def loss(a, m):
+        return jnp.sum(gs.replay(m, term, solver, y0s, a, args_axes=ax).ys[:, -1] ** 2)
+
+    replay_grad = jax.jit(jax.grad(loss))
+
+    def gs_final(y0, a):
+        return gs.diffeqsolve(term, solver, t0, t1, None, y0, a, **kw).ys[-1]
+
+    dfx_ctrl = diffrax.PIDController(rtol=tol, atol=tol)
+    dfx_term = diffrax.ODETerm(problem.jax_vf)
+
+    def dfx_final(y0, a):
+        sol = diffrax.diffeqsolve(
+            dfx_term, diffrax.Tsit5(), t0, t1, None, y0, a,
+            stepsize_controller=dfx_ctrl, max_steps=max_steps,
+        )  # fmt: skip
+        return sol.ys[-1]
+
+    gs_forward = jax.jit(jax.vmap(gs_final, in_axes=(0, ax)))
+    dfx_forward = jax.jit(jax.vmap(dfx_final, in_axes=(0, ax)))
+    dfx_grad = jax.jit(
+        jax.grad(lambda a: jnp.sum(jax.vmap(dfx_final, in_axes=(0, ax))(y0s, a) ** 2))
+    )
+    leaves = jax.tree_util.tree_leaves(untrimmed)
+    add_zero = lambda xs: jax.tree_util.tree_map(lambda x: x + 0, xs)
+    empty_1, empty_7 = jax.jit(add_zero), jax.jit(add_zero)
+    tasks = {
+        "gs.record_ensemble": record_ensemble,
+        "its recording program": lambda: recorder(y0s, args),
+        "trim()": untrimmed.trim,
+        "host read of num_steps": lambda: np.asarray(untrimmed.num_steps),
+        "replay gradient": lambda: replay_grad(args, mesh),
+        "gs.diffeqsolve forward": lambda: gs_forward(y0s, args),
+        "Diffrax forward": lambda: dfx_forward(y0s, args),
+        "Diffrax gradient": lambda: dfx_grad(args),
+        "empty program, 1 output": lambda: empty_1(y0s),
+        "empty program, 7 outputs": lambda: empty_7(leaves),
+    }
+    blocking = {k: lambda fn=fn: jax.block_until_ready(fn()) for k, fn in tasks.items()}
+    timed = time_interleaved(blocking, repeats, log=lambda *_: None)
+    return [
+        (label, 1e3 * timed[label]["min_s"], 1e3 * timed[label]["median_s"])
+        for label in tasks
+    ]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="1,64")
+    parser.add_argument("--problems", default="lorenz")
+    parser.add_argument("--repeats", type=int, default=300)
+    opts = parser.parse_args(argv)
+    jax.config.update("jax_enable_x64", True)
+    for name in opts.problems.split(","):
+        for n in (int(s) for s in opts.sizes.split(",")):
+            print(f"\n{name}, N = {n} (ms, min / median of {opts.repeats})")
+            for label, low, mid in case(name, n, opts.repeats):
+                print(f"  {label:28s} {low:8.3f} / {mid:8.3f}")
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
