@@ -1,10 +1,11 @@
 """Where the time of a small ensemble's record + gradient goes, call by call, under
 the protocol of `run.py` (`gc.collect()` before every timed call).
 
-`python benchmarks/small_call_costs.py [--sizes 1,64] [--problems lorenz]`
+`python benchmarks/small_call_costs.py [--sizes 1] [--problems lorenz]`
 (float64, the problems of `problems.py` at their float64 tolerance, loss =
-sum(y(t1)**2)). For each case it prints the minimum and median over interleaved
-rounds (`harness.time_interleaved`, as `run.py`), after a compiling call, of:
+sum(y(t1)**2)). For each case it prints the minimum and median over repeats, after
+a compiling call, of (one size per run: in one process, the second size's timing
+has been seen to stall):
 
 - `gs.record_ensemble`: the whole recording as `run.py` times it;
 - `its recording program`: the compiled `vmap` of `gs.record` it calls (the mesh
@@ -21,17 +22,32 @@ rounds (`harness.time_interleaved`, as `run.py`), after a compiling call, of:
 """
 
 import argparse
+import gc
 import sys
+import time
 
 import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
-from harness import time_interleaved
 from problems import PROBLEMS
 
 import gradsolve as gs
 from gradsolve._batch_record import batch_recorder
+
+
+def _times(fn, repeats: int) -> tuple[float, float]:
+    """`(min, median)` milliseconds of `fn()` after a compiling call, each call
+    after `gc.collect()` (as `harness.time_interleaved` times them, but one task
+    at a time)."""
+    jax.block_until_ready(fn())
+    samples = []
+    for _ in range(repeats):
+        gc.collect()
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        samples.append(1e3 * (time.perf_counter() - start))
+    return min(samples), float(np.median(samples))
 
 
 def case(name: str, n: int, repeats: int) -> list[tuple[str, float, float]]:
@@ -93,17 +109,12 @@ def case(name: str, n: int, repeats: int) -> list[tuple[str, float, float]]:
         "empty program, 1 output": lambda: empty_1(y0s),
         "empty program, 7 outputs": lambda: empty_7(leaves),
     }
-    blocking = {k: lambda fn=fn: jax.block_until_ready(fn()) for k, fn in tasks.items()}
-    timed = time_interleaved(blocking, repeats, log=lambda *_: None)
-    return [
-        (label, 1e3 * timed[label]["min_s"], 1e3 * timed[label]["median_s"])
-        for label in tasks
-    ]
+    return [(label, *_times(fn, repeats)) for label, fn in tasks.items()]
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="1,64")
+    parser.add_argument("--sizes", default="1")
     parser.add_argument("--problems", default="lorenz")
     parser.add_argument("--repeats", type=int, default=300)
     opts = parser.parse_args(argv)
