@@ -1,11 +1,11 @@
 """Where the time of a small ensemble's record + gradient goes, call by call, under
 the protocol of `run.py` (`gc.collect()` before every timed call).
 
-`python benchmarks/small_call_costs.py [--sizes 1] [--problems lorenz]`
+`python benchmarks/small_call_costs.py [--sizes 1,64] [--problems lorenz]`
 (float64, the problems of `problems.py` at their float64 tolerance, loss =
 sum(y(t1)**2)). For each case it prints the minimum and median over repeats, after
-a compiling call, of (one size per run: in one process, the second size's timing
-has been seen to stall):
+a compiling call, of the calls below. The `gc.collect()` before each call takes
+0.1-0.2 s in this process, so a size takes ~3 minutes at the default 100 repeats:
 
 - `gs.record_ensemble`: the whole recording as `run.py` times it;
 - `its recording program`: the compiled `vmap` of `gs.record` it calls (the mesh
@@ -114,9 +114,9 @@ def case(name: str, n: int, repeats: int) -> list[tuple[str, float, float]]:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="1")
+    parser.add_argument("--sizes", default="1,64")
     parser.add_argument("--problems", default="lorenz")
-    parser.add_argument("--repeats", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=100)
     opts = parser.parse_args(argv)
     jax.config.update("jax_enable_x64", True)
     for name in opts.problems.split(","):
