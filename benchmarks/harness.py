@@ -24,6 +24,23 @@ import tools
 from problems import Problem, make_inputs
 
 
+def time_alone(
+    fn: Callable, repeats: int, collect_garbage: bool = False
+) -> tuple[float, float]:
+    """`(min, median)` milliseconds of `fn()` (which blocks until its result is
+    ready) over `repeats` calls after a compiling one, one task at a time; with
+    `collect_garbage`, each call after `gc.collect()`, as `time_interleaved`."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        if collect_garbage:
+            gc.collect()
+        start = time.perf_counter()
+        fn()
+        samples.append(1e3 * (time.perf_counter() - start))
+    return min(samples), statistics.median(samples)
+
+
 def time_interleaved(
     tasks: dict[str, Callable],
     repeats: int,

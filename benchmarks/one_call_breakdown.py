@@ -22,25 +22,14 @@ a compiling call, of:
 
 import argparse
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from harness import time_alone
 from problems import PROBLEMS
 
 import gradsolve as gs
-
-
-def _times(fn, repeats: int) -> tuple[float, float]:
-    """`(min, median)` milliseconds of `fn()` after a compiling call."""
-    jax.block_until_ready(fn())
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        samples.append(1e3 * (time.perf_counter() - start))
-    return min(samples), float(np.median(samples))
 
 
 def case(name: str, n: int, repeats: int) -> list[tuple[str, float, float]]:
@@ -99,7 +88,10 @@ def case(name: str, n: int, repeats: int) -> list[tuple[str, float, float]]:
         (f"fresh ({n}, {max_steps + 1}) buffer", lambda: fill(jnp.ones(()))),
         ("pass over a resident buffer", in_place),
     ]
-    return [(label, *_times(fn, repeats)) for label, fn in rows]
+    return [
+        (label, *time_alone(lambda fn=fn: jax.block_until_ready(fn()), repeats))
+        for label, fn in rows
+    ]
 
 
 def main(argv=None):

@@ -22,32 +22,18 @@ a compiling call, of the calls below. The `gc.collect()` before each call takes
 """
 
 import argparse
-import gc
 import sys
-import time
 
 import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
+from harness import time_alone
 from problems import PROBLEMS
+from tools import diffrax_final_states
 
 import gradsolve as gs
 from gradsolve._batch_record import batch_recorder
-
-
-def _times(fn, repeats: int) -> tuple[float, float]:
-    """`(min, median)` milliseconds of `fn()` after a compiling call, each call
-    after `gc.collect()` (as `harness.time_interleaved` times them, but one task
-    at a time)."""
-    jax.block_until_ready(fn())
-    samples = []
-    for _ in range(repeats):
-        gc.collect()
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        samples.append(1e3 * (time.perf_counter() - start))
-    return min(samples), float(np.median(samples))
 
 
 def case(name: str, n: int, repeats: int) -> list[tuple[str, float, float]]:
@@ -79,21 +65,10 @@ def case(name: str, n: int, repeats: int) -> list[tuple[str, float, float]]:
     def gs_final(y0, a):
         return gs.diffeqsolve(term, solver, t0, t1, None, y0, a, **kw).ys[-1]
 
-    dfx_ctrl = diffrax.PIDController(rtol=tol, atol=tol)
-    dfx_term = diffrax.ODETerm(problem.jax_vf)
-
-    def dfx_final(y0, a):
-        sol = diffrax.diffeqsolve(
-            dfx_term, diffrax.Tsit5(), t0, t1, None, y0, a,
-            stepsize_controller=dfx_ctrl, max_steps=max_steps,
-        )  # fmt: skip
-        return sol.ys[-1]
-
     gs_forward = jax.jit(jax.vmap(gs_final, in_axes=(0, ax)))
-    dfx_forward = jax.jit(jax.vmap(dfx_final, in_axes=(0, ax)))
-    dfx_grad = jax.jit(
-        jax.grad(lambda a: jnp.sum(jax.vmap(dfx_final, in_axes=(0, ax))(y0s, a) ** 2))
-    )
+    dfx_finals = diffrax_final_states(problem, diffrax.Tsit5(), tol, t0, t1, max_steps)
+    dfx_forward = jax.jit(dfx_finals)
+    dfx_grad = jax.jit(jax.grad(lambda a: jnp.sum(dfx_finals(y0s, a) ** 2)))
     leaves = jax.tree_util.tree_leaves(untrimmed)
     add_zero = lambda xs: jax.tree_util.tree_map(lambda x: x + 0, xs)
     empty_1, empty_7 = jax.jit(add_zero), jax.jit(add_zero)
@@ -109,7 +84,11 @@ def case(name: str, n: int, repeats: int) -> list[tuple[str, float, float]]:
         "empty program, 1 output": lambda: empty_1(y0s),
         "empty program, 7 outputs": lambda: empty_7(leaves),
     }
-    return [(label, *_times(fn, repeats)) for label, fn in tasks.items()]
+    block = lambda fn: lambda: jax.block_until_ready(fn())
+    return [
+        (label, *time_alone(block(fn), repeats, collect_garbage=True))
+        for label, fn in tasks.items()
+    ]
 
 
 def main(argv=None):
