@@ -12,12 +12,15 @@ Accuracy: every tool's final states are compared with a tight reference (Diffrax
 Dopri8 at rtol = atol = 1e-13, float64), and gradsolve's gradient with Diffrax's.
 """
 
+import argparse
 import gc
 import statistics
+import sys
 import time
 import traceback
 from collections.abc import Callable
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import tools
@@ -27,18 +30,44 @@ from problems import Problem, make_inputs
 def time_alone(
     fn: Callable, repeats: int, collect_garbage: bool = False
 ) -> tuple[float, float]:
-    """`(min, median)` milliseconds of `fn()` (which blocks until its result is
-    ready) over `repeats` calls after a compiling one, one task at a time; with
+    """`(min, median)` milliseconds of `fn()`, until its result is ready, over
+    `repeats` calls after a compiling one, one task at a time; with
     `collect_garbage`, each call after `gc.collect()`, as `time_interleaved`."""
-    fn()
+    jax.block_until_ready(fn())
     samples = []
     for _ in range(repeats):
         if collect_garbage:
             gc.collect()
         start = time.perf_counter()
-        fn()
+        jax.block_until_ready(fn())
         samples.append(1e3 * (time.perf_counter() - start))
     return min(samples), statistics.median(samples)
+
+
+def print_case_tables(
+    description: str,
+    case: Callable,
+    argv=None,
+    sizes: str = "64",
+    repeats: int = 20,
+) -> None:
+    """The command line of a script that times calls one at a time: for every
+    problem and size of `--problems` and `--sizes`, print the rows `(label, min,
+    median)` (milliseconds) of `case(name, n, repeats)`. Float64."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--sizes", default=sizes)
+    parser.add_argument("--problems", default="lorenz")
+    parser.add_argument("--repeats", type=int, default=repeats)
+    opts = parser.parse_args(argv)
+    jax.config.update("jax_enable_x64", True)
+    for name in opts.problems.split(","):
+        for n in (int(s) for s in opts.sizes.split(",")):
+            print(f"\n{name}, N = {n:,} (ms, min / median of {opts.repeats})")
+            rows = case(name, n, opts.repeats)
+            width = max(len(label) for label, _, _ in rows)
+            for label, low, mid in rows:
+                print(f"  {label:{width}s} {low:9.3f} / {mid:9.3f}")
+            sys.stdout.flush()
 
 
 def time_interleaved(

@@ -20,13 +20,12 @@ a compiling call, of:
   sized by `max_steps` costs before a single step is taken.
 """
 
-import argparse
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from harness import time_alone
+from harness import print_case_tables, time_alone
 from problems import PROBLEMS
 
 import gradsolve as gs
@@ -88,24 +87,11 @@ def case(name: str, n: int, repeats: int) -> list[tuple[str, float, float]]:
         (f"fresh ({n}, {max_steps + 1}) buffer", lambda: fill(jnp.ones(()))),
         ("pass over a resident buffer", in_place),
     ]
-    return [
-        (label, *time_alone(lambda fn=fn: jax.block_until_ready(fn()), repeats))
-        for label, fn in rows
-    ]
+    return [(label, *time_alone(fn, repeats)) for label, fn in rows]
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="64,4096")
-    parser.add_argument("--problems", default="lorenz")
-    parser.add_argument("--repeats", type=int, default=20)
-    opts = parser.parse_args(argv)
-    jax.config.update("jax_enable_x64", True)
-    for name in opts.problems.split(","):
-        for n in [int(s) for s in opts.sizes.split(",")]:
-            print(f"\n{name}, N = {n:,} (ms, min / median)")
-            for label, best, median in case(name, n, opts.repeats):
-                print(f"  {label:46s} {best:9.3f} / {median:9.3f}")
+    print_case_tables(__doc__.split("\n")[0], case, argv, sizes="64,4096", repeats=20)
 
 
 if __name__ == "__main__":

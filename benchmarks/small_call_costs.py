@@ -21,14 +21,11 @@ a compiling call, of the calls below. The `gc.collect()` before each call takes
   any compiled call on this machine under this protocol.
 """
 
-import argparse
-import sys
-
 import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
-from harness import time_alone
+from harness import print_case_tables, time_alone
 from problems import PROBLEMS
 from tools import diffrax_final_states
 
@@ -84,26 +81,14 @@ def case(name: str, n: int, repeats: int) -> list[tuple[str, float, float]]:
         "empty program, 1 output": lambda: empty_1(y0s),
         "empty program, 7 outputs": lambda: empty_7(leaves),
     }
-    block = lambda fn: lambda: jax.block_until_ready(fn())
     return [
-        (label, *time_alone(block(fn), repeats, collect_garbage=True))
+        (label, *time_alone(fn, repeats, collect_garbage=True))
         for label, fn in tasks.items()
     ]
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="1,64")
-    parser.add_argument("--problems", default="lorenz")
-    parser.add_argument("--repeats", type=int, default=100)
-    opts = parser.parse_args(argv)
-    jax.config.update("jax_enable_x64", True)
-    for name in opts.problems.split(","):
-        for n in (int(s) for s in opts.sizes.split(",")):
-            print(f"\n{name}, N = {n} (ms, min / median of {opts.repeats})")
-            for label, low, mid in case(name, n, opts.repeats):
-                print(f"  {label:28s} {low:8.3f} / {mid:8.3f}")
-            sys.stdout.flush()
+    print_case_tables(__doc__.split("\n")[0], case, argv, sizes="1,64", repeats=100)
 
 
 if __name__ == "__main__":
