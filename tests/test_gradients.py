@@ -11,8 +11,10 @@ import pytest
 import gradsolve as gs
 
 from .helpers import PROBLEMS, max_relative_error, tree_sum_squares
+from .references import StoredReferences
 
 
+REFERENCES = StoredReferences(__file__)
 CTRL = diffrax.PIDController(rtol=1e-8, atol=1e-8)
 SOLVERS = [(gs.Tsit5, diffrax.Tsit5), (gs.Dopri5, diffrax.Dopri5)]
 NAMES = ["lorenz", "pendulum", "forced"]
@@ -120,7 +122,10 @@ def test_values_and_gradients_match_diffrax(name, solver_name, saveat_name):
         problem, ours, theirs, saveat
     )
     # Each library's values and gradient come from one compiled program.
-    (ts_want, ys_want), want = _values_and_gradient(diffrax_loss, problem)
+    (ts_want, ys_want), want = REFERENCES(
+        f"{name}-{solver_name}-{saveat_name}",
+        lambda: _values_and_gradient(diffrax_loss, problem),
+    )
     (ts, ys), got = _values_and_gradient(gs_loss, problem)
     (_, ys_replay), replayed = _values_and_gradient(replay_loss, problem)
     # A forward-only solve (no states kept for the adjoint) is a program of its own.
@@ -208,7 +213,8 @@ def test_trim_keeps_the_replay():
     ],
     ids=["jump_ts", "step_ts", "constant"],
 )
-def test_gradients_with_clipped_and_constant_steps(controller):
+def test_gradients_with_clipped_and_constant_steps(controller, request):
+    controller_name = request.node.callspec.id
     problem = PROBLEMS["forced"]
     term = diffrax.ODETerm(problem.f)
     saveat = diffrax.SaveAt(ts=jnp.linspace(0.5, 8.0, 9))
@@ -231,8 +237,11 @@ def test_gradients_with_clipped_and_constant_steps(controller):
 
         return fn
 
-    want = jax.grad(loss(diffrax.diffeqsolve, diffrax.Tsit5()), argnums=(0, 1))(
-        problem.y0, problem.args
+    want = REFERENCES(
+        f"clipped-{controller_name}",
+        lambda: jax.grad(loss(diffrax.diffeqsolve, diffrax.Tsit5()), argnums=(0, 1))(
+            problem.y0, problem.args
+        ),
     )
     got = jax.grad(loss(gs.diffeqsolve, gs.Tsit5()), argnums=(0, 1))(
         problem.y0, problem.args
@@ -255,9 +264,12 @@ def test_empty_interval():
     (value, ys), grad = jax.value_and_grad(
         loss(gs.diffeqsolve, gs.Tsit5()), has_aux=True
     )(problem.y0)
-    (want_value, want_ys), want_grad = jax.value_and_grad(
-        loss(diffrax.diffeqsolve, diffrax.Tsit5()), has_aux=True
-    )(problem.y0)
+    (want_value, want_ys), want_grad = REFERENCES(
+        "empty-interval",
+        lambda: jax.value_and_grad(
+            loss(diffrax.diffeqsolve, diffrax.Tsit5()), has_aux=True
+        )(problem.y0),
+    )
     np.testing.assert_allclose(ys, want_ys)
     np.testing.assert_allclose(grad, want_grad)
 
@@ -301,6 +313,8 @@ def test_one_call_gradient_with_args_of_every_kind():
             jax.grad(lambda y, d: fn(y, eqx.combine(d, static)), argnums=(0, 1))
         )(y0, diff)
 
-    want = grad(diffrax.diffeqsolve, diffrax.Tsit5())
+    want = REFERENCES(
+        "args-of-every-kind", lambda: grad(diffrax.diffeqsolve, diffrax.Tsit5())
+    )
     got = grad(gs.diffeqsolve, gs.Tsit5())
     assert max_relative_error(got, want) <= 1e-8
