@@ -16,8 +16,10 @@ from gradsolve._checkpoints import CHEAP_FIELD_SEGMENT as SEGMENT_LENGTH, segmen
 from gradsolve._problem import LeafProblem
 
 from .helpers import PROBLEMS, max_relative_error
+from .references import StoredReferences
 
 
+REFERENCES = StoredReferences(__file__)
 PROBLEM = PROBLEMS["forced"]
 TERM = diffrax.ODETerm(PROBLEM.f)
 
@@ -57,7 +59,7 @@ SLOW = pytest.mark.slow
 @pytest.mark.parametrize(
     "saves", [pytest.param("t1", marks=SLOW), "t0_ts_t1", "steps_ts"]
 )
-def test_segment_boundaries_and_a_full_mesh(num_steps, saves):
+def test_segment_boundaries_and_a_full_mesh(num_steps, saves, request):
     ts = jnp.array([0.0, 0.3, 0.3, 1.1, 1.97, 2.0])
     saveat = {
         "t1": diffrax.SaveAt(t1=True),
@@ -67,7 +69,10 @@ def test_segment_boundaries_and_a_full_mesh(num_steps, saves):
     # `max_steps = num_steps`: the mesh has no padding, the last segment ends at
     # the buffer's end.
     got = _grad(gs.diffeqsolve, gs.Tsit5(), saveat, num_steps)
-    want = _grad(diffrax.diffeqsolve, diffrax.Tsit5(), saveat, num_steps)
+    want = REFERENCES(
+        f"boundaries-{request.node.callspec.id}",
+        lambda: _grad(diffrax.diffeqsolve, diffrax.Tsit5(), saveat, num_steps),
+    )
     assert max_relative_error(got, want) <= 1e-10
 
 
@@ -101,7 +106,9 @@ def test_ragged_ensemble_under_vmap():
         return jax.jit(jax.grad(total, has_aux=True))
 
     got, steps = loss(gs.diffeqsolve, gs.Tsit5())(rates)
-    want, _ = loss(diffrax.diffeqsolve, diffrax.Tsit5())(rates)
+    want, _ = REFERENCES(
+        "ragged-ensemble", lambda: loss(diffrax.diffeqsolve, diffrax.Tsit5())(rates)
+    )
     assert steps.min() < SEGMENT_LENGTH < 2 * SEGMENT_LENGTH < steps.max()
     assert max_relative_error(got, want) <= 1e-9
 
@@ -141,7 +148,9 @@ def test_a_state_held_as_an_array(saves):
         return jax.jit(jax.grad(loss, argnums=(0, 1)))(y0, 3.0)
 
     got = grad(gs.diffeqsolve, gs.Tsit5())
-    want = grad(diffrax.diffeqsolve, diffrax.Tsit5())
+    want = REFERENCES(
+        f"state-as-array-{saves}", lambda: grad(diffrax.diffeqsolve, diffrax.Tsit5())
+    )
     assert max_relative_error(got, want) <= 1e-9
 
 
@@ -203,6 +212,8 @@ def test_costly_field_ragged_ensemble_with_many_saves_per_step(saves):
         return eqx.filter_jit(eqx.filter_grad(total, has_aux=True))(y0s, MLP)
 
     got, steps = grad(gs.diffeqsolve, gs.Tsit5())
-    want, _ = grad(diffrax.diffeqsolve, diffrax.Tsit5())
+    want, _ = REFERENCES(
+        f"costly-field-{saves}", lambda: grad(diffrax.diffeqsolve, diffrax.Tsit5())
+    )
     assert steps.min() < steps.max()  # ragged
     assert max_relative_error(got, want) <= 1e-9

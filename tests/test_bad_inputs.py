@@ -1,6 +1,8 @@
 """Bad inputs and faults: what `diffrax.diffeqsolve` does on the same input, or a
 clear error that names the time, the cause and the fix. (See the README's table.)"""
 
+import types
+
 import diffrax
 import jax
 import jax.numpy as jnp
@@ -10,17 +12,43 @@ import pytest
 import gradsolve as gs
 
 from .helpers import PROBLEMS
+from .references import StoredReferences
 
 
+REFERENCES = StoredReferences(__file__)
 LV = PROBLEMS["lotka_volterra"]
 TERM = diffrax.ODETerm(LV.f)
 CTRL = diffrax.PIDController(rtol=1e-6, atol=1e-6)
 
 
-def _both(term=TERM, t0=0.0, t1=6.0, dt0=None, y0=LV.y0, args=LV.args, **kwargs):
+# A Diffrax result code, from the integer stored for it.
+_RESULT = type(diffrax.RESULTS.successful)
+
+
+def _stored_solution(name, compute):
+    """The parts of Diffrax's solution `compute()` that the tests compare, stored
+    under `name`."""
+
+    def parts():
+        sol = compute()
+        stats = {k: sol.stats[k] for k in ("num_accepted_steps", "num_rejected_steps")}
+        return {"ts": sol.ts, "ys": sol.ys, "result": sol.result._value, "stats": stats}
+
+    stored = REFERENCES(name, parts)
+    result = _RESULT(stored["result"], diffrax.RESULTS)
+    return types.SimpleNamespace(**{**stored, "result": result})
+
+
+def _both(name, term=TERM, t0=0.0, t1=6.0, dt0=None, y0=LV.y0, args=LV.args, **kwargs):
+    """gradsolve's solution, and Diffrax's stored under `name`."""
     kwargs.setdefault("stepsize_controller", CTRL)
     ours = gs.diffeqsolve(term, gs.Tsit5(), t0, t1, dt0, y0, args, **kwargs)
-    theirs = diffrax.diffeqsolve(term, diffrax.Tsit5(), t0, t1, dt0, y0, args, **kwargs)
+    theirs = _stored_solution(
+        name,
+        lambda: diffrax.diffeqsolve(
+            term, diffrax.Tsit5(), t0, t1, dt0, y0, args, **kwargs
+        ),
+    )
     return ours, theirs
 
 
@@ -43,8 +71,9 @@ def _assert_same(ours, theirs, rtol=1e-10):
     ],
     ids=["t1", "ts", "steps"],
 )
-def test_t0_equal_to_t1_returns_y0_as_diffrax(saveat):
-    ours, theirs = _both(t1=0.0, saveat=saveat, max_steps=8)
+def test_t0_equal_to_t1_returns_y0_as_diffrax(saveat, request):
+    name = f"t0-equal-to-t1-{request.node.callspec.id}"
+    ours, theirs = _both(name, t1=0.0, saveat=saveat, max_steps=8)
     _assert_same(ours, theirs, rtol=0)
     mesh = gs.record(
         TERM, gs.Tsit5(), 1.0, 1.0, None, LV.y0, LV.args, stepsize_controller=CTRL
@@ -55,7 +84,12 @@ def test_t0_equal_to_t1_returns_y0_as_diffrax(saveat):
 
 
 def test_unused_step_slots_are_plus_inf_backwards_as_in_diffrax():
-    ours, theirs = _both(t0=6.0, t1=0.0, saveat=diffrax.SaveAt(steps=True))
+    ours, theirs = _both(
+        "unused-step-slots-backwards",
+        t0=6.0,
+        t1=0.0,
+        saveat=diffrax.SaveAt(steps=True),
+    )
     # Step times agree to the round-off of the error estimate (see README).
     np.testing.assert_allclose(ours.ts, theirs.ts, rtol=1e-8)
     np.testing.assert_array_equal(ours.ts == jnp.inf, theirs.ts == jnp.inf)
@@ -72,22 +106,23 @@ def test_unused_step_slots_are_plus_inf_backwards_as_in_diffrax():
     ],
     ids=["int_y0", "int_y0_f32_args", "f32_y0_f64_args", "int_times"],
 )
-def test_integer_and_mixed_dtypes_as_diffrax(y0, args, times):
-    ours, theirs = _both(t0=times[0], t1=times[1], y0=y0, args=args)
+def test_integer_and_mixed_dtypes_as_diffrax(y0, args, times, request):
+    name = f"dtypes-{request.node.callspec.id}"
+    ours, theirs = _both(name, t0=times[0], t1=times[1], y0=y0, args=args)
     _assert_same(ours, theirs)
 
 
 def test_mixed_dtype_pytree_state_as_diffrax():
     term = diffrax.ODETerm(lambda t, y, a: (-y[0], -2 * y[1]))
     y0 = (jnp.array(1.0, jnp.float32), jnp.array([1.0, 2.0]))
-    ours, theirs = _both(term=term, y0=y0, args=None)
+    ours, theirs = _both("mixed-dtype-pytree", term=term, y0=y0, args=None)
     _assert_same(ours, theirs)
 
 
 def test_float32_throughout_keeps_float32():
     y0, args = LV.y0.astype(jnp.float32), LV.args.astype(jnp.float32)
     t0, t1 = jnp.float32(0.0), jnp.float32(6.0)
-    ours, theirs = _both(t0=t0, t1=t1, y0=y0, args=args)
+    ours, theirs = _both("float32-throughout", t0=t0, t1=t1, y0=y0, args=args)
     assert ours.ys.dtype == theirs.ys.dtype == jnp.float32
     # Step counts may differ by one at float32 round-off; values agree to tolerance.
     np.testing.assert_allclose(ours.ys, theirs.ys, rtol=1e-4)
@@ -129,11 +164,12 @@ def test_mismatched_mesh_and_ensemble():
         gs.replay(jax.tree.map(lambda x: x[None], mesh), TERM, gs.Tsit5(), y3, p3)
 
 
-def _fails(f, t1, match, **kwargs):
-    """Same result code as Diffrax without `throw`; a named error with it."""
+def _fails(name, f, t1, match, **kwargs):
+    """Same result code as Diffrax (stored under `name`) without `throw`; a named
+    error with it."""
     term = diffrax.ODETerm(f)
     ours, theirs = _both(
-        term=term, t1=t1, y0=jnp.array([1.0]), args=None, throw=False, **kwargs
+        name, term=term, t1=t1, y0=jnp.array([1.0]), args=None, throw=False, **kwargs
     )
     assert ours.result == theirs.result != diffrax.RESULTS.successful
     with pytest.raises(ValueError, match=match):
@@ -154,7 +190,7 @@ def test_nan_mid_solve_recovers_as_diffrax():
     """NaN in a short window: the step that meets it is rejected and shrunk."""
     f = lambda t, y, a: -y + jnp.where(jnp.abs(t - 0.45) < 0.05, jnp.nan, 0.0)
     ours, theirs = _both(
-        term=diffrax.ODETerm(f), t1=1.0, y0=jnp.array([1.0]), args=None
+        "nan-recovers", term=diffrax.ODETerm(f), t1=1.0, y0=jnp.array([1.0]), args=None
     )
     _assert_same(ours, theirs)
     assert ours.stats["num_rejected_steps"] > 0
@@ -164,6 +200,7 @@ def test_nan_mid_solve_recovers_as_diffrax():
 def test_nan_mid_solve_that_never_recovers():
     """sqrt(1 - t) is NaN past t = 1: the error names the time and the cause."""
     _fails(
+        "nan-never-recovers",
         lambda t, y, a: -y * jnp.sqrt(1.0 - t),
         2.0,
         r"max_steps=4096 was reached at t=(1|0\.99\d*) \((49|50)% .*vector field "
@@ -173,15 +210,17 @@ def test_nan_mid_solve_that_never_recovers():
 
 def test_singularity_and_blow_up():
     _fails(
+        "singularity",
         lambda t, y, a: jnp.ones_like(y) / (t - 0.5),
         1.0,
         r"reached at t=0\.5 .*step size shrank to .* singular",
     )
-    _fails(lambda t, y, a: y**2, 2.0, r"reached at t=1\.0000\d* .*blow-up")
+    _fails("blow-up", lambda t, y, a: y**2, 2.0, r"reached at t=1\.0000\d* .*blow-up")
 
 
 def test_stiff_problem_on_an_explicit_solver():
     _fails(
+        "stiff",
         lambda t, y, a: -1e6 * (y - jnp.cos(t)),
         10.0,
         r"max_steps=500 was reached at t=.*looks stiff.*stability limit.*"
@@ -193,6 +232,7 @@ def test_stiff_problem_on_an_explicit_solver():
 def test_dtmin_reached_names_the_time():
     ctrl = diffrax.PIDController(rtol=1e-6, atol=1e-6, dtmin=1e-3, force_dtmin=False)
     _fails(
+        "dtmin-reached",
         lambda t, y, a: y**2,
         2.0,
         r"step size fell below dtmin at t=0\.99\d* .*Lower dtmin",
@@ -258,8 +298,20 @@ def test_numpy_integer_max_steps_and_float32_times_as_diffrax():
         stepsize_controller=CTRL,
         max_steps=np.int64(256),
     )
-    theirs = diffrax.diffeqsolve(TERM, diffrax.Tsit5(), t0, t1, None, LV.y0, LV.args,
-                                 stepsize_controller=CTRL, max_steps=256)  # fmt: skip
+    theirs = _stored_solution(
+        "numpy-max-steps-float32-times",
+        lambda: diffrax.diffeqsolve(
+            TERM,
+            diffrax.Tsit5(),
+            t0,
+            t1,
+            None,
+            LV.y0,
+            LV.args,
+            stepsize_controller=CTRL,
+            max_steps=256,
+        ),
+    )
     _assert_same(ours, theirs)
 
 
@@ -274,7 +326,7 @@ def test_errors_of_the_vector_field_keep_their_type():
 
 def test_vector_field_returning_a_python_number():
     term = diffrax.ODETerm(lambda t, y, args: -0.5)
-    ours, theirs = _both(term=term, y0=jnp.array(1.0), args=None)
+    ours, theirs = _both("python-number-field", term=term, y0=jnp.array(1.0), args=None)
     _assert_same(ours, theirs)
 
 
@@ -299,6 +351,7 @@ def test_factormax_below_one_is_named_when_the_solve_stalls():
     # first (about 1e-3 here), so the solve never reaches t1 = 1.
     ctrl = diffrax.PIDController(rtol=1e-6, atol=1e-6, factormax=0.5)
     _fails(
+        "factormax-stall",
         lambda t, y, a: -y,
         1.0,
         r"max_steps=64 was reached .*factormax=0\.5\) lets no step grow.*"

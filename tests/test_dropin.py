@@ -1,6 +1,7 @@
 """Programs written for Diffrax run unchanged with `gs.diffeqsolve` and gradsolve's
 solvers swapped in: the same values, warnings and gradients as Diffrax's."""
 
+import types
 import warnings
 
 import diffrax
@@ -11,6 +12,11 @@ import numpy as np
 import pytest
 
 import gradsolve as gs
+
+from .references import StoredReferences
+
+
+REFERENCES = StoredReferences(__file__)
 
 
 def _decay(t, y, args):
@@ -27,6 +33,19 @@ def _both(t0, t1, dt0, y0, args=None, term=TERM, **kwargs):
     return ours, theirs
 
 
+def _ours_and_stored(name, t0, t1, dt0, y0, args=None, term=TERM, **kwargs):
+    """gradsolve's solution, and Diffrax's `ts` and `ys` stored under `name`."""
+    ours = gs.diffeqsolve(term, gs.Tsit5(), t0, t1, dt0, y0, args, **kwargs)
+
+    def compute():
+        sol = diffrax.diffeqsolve(
+            term, diffrax.Tsit5(), t0, t1, dt0, y0, args, **kwargs
+        )
+        return {"ts": sol.ts, "ys": sol.ys}
+
+    return ours, types.SimpleNamespace(**REFERENCES(name, compute))
+
+
 def _close(a, b, rtol=1e-12):
     for x, y in zip(jtu.tree_leaves(a), jtu.tree_leaves(b), strict=True):
         assert jnp.shape(x) == jnp.shape(y)
@@ -37,7 +56,8 @@ def _close(a, b, rtol=1e-12):
 def test_array_times_with_a_python_float_dt0():
     # As in a training loop: ts an array, t0 = ts[0], t1 = ts[-1], dt0 a literal.
     ts = jnp.linspace(0.0, 2.0, 9)
-    ours, theirs = _both(
+    ours, theirs = _ours_and_stored(
+        "array-times-pid",
         ts[0],
         ts[-1],
         0.1,
@@ -46,14 +66,18 @@ def test_array_times_with_a_python_float_dt0():
         stepsize_controller=PID,
     )
     _close(ours.ys, theirs.ys)
-    ours, theirs = _both(ts[0], ts[-1], 0.1, jnp.array([1.0, -0.5]))  # constant step
+    ours, theirs = _ours_and_stored(  # constant step
+        "array-times-constant", ts[0], ts[-1], 0.1, jnp.array([1.0, -0.5])
+    )
     _close(ours.ys, theirs.ys)
 
 
 @pytest.mark.parametrize("controller", [diffrax.ConstantStepSize(), PID])
-def test_integer_times_under_strict_promotion(controller):
+def test_integer_times_under_strict_promotion(controller, request):
+    case = request.node.callspec.id
     with jax.numpy_dtype_promotion("strict"):
-        ours, theirs = _both(
+        ours, theirs = _ours_and_stored(
+            f"integer-times-{case}-saveat",
             jnp.int32(0),
             jnp.int32(2),
             0.25,
@@ -63,7 +87,9 @@ def test_integer_times_under_strict_promotion(controller):
         )
         _close(ours.ys, theirs.ys)
         _close(ours.ts, theirs.ts)
-        ours, theirs = _both(0, 2, 0.25, jnp.array([1.0, 3.0]))
+        ours, theirs = _ours_and_stored(
+            f"integer-times-{case}-python", 0, 2, 0.25, jnp.array([1.0, 3.0])
+        )
         _close(ours.ys, theirs.ys)
 
 
@@ -90,7 +116,8 @@ def test_gradient_of_values_saved_at_ts_under_strict_promotion():
     y0, k = jnp.array([1.0, -0.5]), jnp.array(0.8)
     with jax.numpy_dtype_promotion("strict"), jax.numpy_rank_promotion("raise"):
         grad = lambda module: jax.grad(loss, argnums=(0, 1))(y0, k, module)
-        ours, theirs = grad(gs), grad(diffrax)
+        ours = grad(gs)
+        theirs = REFERENCES("strict-gradient-at-ts", lambda: grad(diffrax))
     _close(ours, theirs, rtol=1e-9)
     # y(t) = y0 exp(-k t), saved at 0, ts and 2.
     times = np.concatenate([[0.0], np.asarray(ts), [2.0]])
@@ -100,9 +127,11 @@ def test_gradient_of_values_saved_at_ts_under_strict_promotion():
 
 
 def test_empty_state():
-    ours, theirs = _both(0.0, 1.0, 0.1, None)
+    ours, theirs = _ours_and_stored("empty-state-none", 0.0, 1.0, 0.1, None)
     assert ours.ys is None and theirs.ys is None
-    ours, theirs = _both(0.0, 1.0, 0.1, {"a": jnp.zeros((0,))})
+    ours, theirs = _ours_and_stored(
+        "empty-state-zero-size", 0.0, 1.0, 0.1, {"a": jnp.zeros((0,))}
+    )
     _close(ours.ys, theirs.ys)
 
 
@@ -111,8 +140,14 @@ def test_empty_state():
 def test_zero_size_leaf_next_to_others(size):
     y0 = (jnp.linspace(1.0, 2.0, size), jnp.zeros((0,)), jnp.zeros((2, 0)))
     ts = jnp.array([0.3, 1.0])
-    ours, theirs = _both(
-        0.0, 1.0, None, y0, stepsize_controller=PID, saveat=diffrax.SaveAt(ts=ts)
+    ours, theirs = _ours_and_stored(
+        f"zero-size-leaf-{size}",
+        0.0,
+        1.0,
+        None,
+        y0,
+        stepsize_controller=PID,
+        saveat=diffrax.SaveAt(ts=ts),
     )
     _close(ours.ys, theirs.ys)
 
@@ -129,7 +164,10 @@ def test_zero_size_leaf_next_to_others(size):
         )
         return jnp.sum(sol.ys[0] ** 2)
 
-    _close(jax.grad(loss, 1)(gs, y0), jax.grad(loss, 1)(diffrax, y0), rtol=1e-9)
+    theirs = REFERENCES(
+        f"zero-size-leaf-{size}-gradient", lambda: jax.grad(loss, 1)(diffrax, y0)
+    )
+    _close(jax.grad(loss, 1)(gs, y0), theirs, rtol=1e-9)
 
 
 def test_saved_solver_and_controller_state_resume():
@@ -172,7 +210,15 @@ def test_complex_state_saved_at_ts_backwards_under_strict_promotion():
     saveat = diffrax.SaveAt(ts=jnp.array([0.7, 0.3]))
     with jax.numpy_dtype_promotion("strict"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ours, theirs = _both(1.0, 0.0, -0.1, y0, stepsize_controller=PID, saveat=saveat)
+        ours, theirs = _ours_and_stored(
+            "complex-backwards-strict",
+            1.0,
+            0.0,
+            -0.1,
+            y0,
+            stepsize_controller=PID,
+            saveat=saveat,
+        )
     _close(ours.ys, theirs.ys)
 
 
@@ -202,7 +248,8 @@ def _forced_sum(switch, module):
 
 def test_gradient_through_controller_step_times():
     grad = lambda module: jax.jit(jax.grad(lambda s: _forced_sum(s, module)))(0.4)
-    ours, theirs = grad(gs), grad(diffrax)
+    ours = grad(gs)
+    theirs = REFERENCES("controller-step-times-gradient", lambda: grad(diffrax))
     np.testing.assert_allclose(ours, theirs, rtol=1e-10)
     # And the derivative is the right one: d/ds of int_0^1 y = -(1 - e^{-(1 - s)}).
     np.testing.assert_allclose(ours, -(1 - np.exp(-0.6)), rtol=1e-6)
@@ -222,7 +269,10 @@ def test_gradient_with_respect_to_a_function_in_args():
         )
         return jnp.sum(sol.ys)
 
-    ours, theirs = jax.grad(loss)(0.7, gs), jax.grad(loss)(0.7, diffrax)
+    ours = jax.grad(loss)(0.7, gs)
+    theirs = REFERENCES(
+        "function-in-args-gradient", lambda: jax.grad(loss)(0.7, diffrax)
+    )
     np.testing.assert_allclose(ours, theirs, rtol=1e-10)
     np.testing.assert_allclose(ours, -1.5 * 3.0 * np.exp(-1.05), rtol=1e-6)
 
@@ -240,9 +290,13 @@ def test_time_derivatives_are_diffraxs():
         )
         return sol.ys[0, 0]
 
-    for transform in (jax.grad, lambda f: jax.jit(jax.grad(f))):
+    transforms = {"grad": jax.grad, "jit-grad": lambda f: jax.jit(jax.grad(f))}
+    for transform_name, transform in transforms.items():
         ours = transform(lambda t1: loss(t1, gs))(1.3)
-        theirs = transform(lambda t1: loss(t1, diffrax))(1.3)
+        theirs = REFERENCES(
+            f"time-derivative-{transform_name}",
+            lambda: transform(lambda t1: loss(t1, diffrax))(1.3),
+        )
         np.testing.assert_allclose(ours, theirs, rtol=1e-12)
     # gs.record holds step times fixed: a clear error, eagerly and inside jit.
     record = lambda t1: gs.record(

@@ -9,8 +9,10 @@ import pytest
 import gradsolve as gs
 
 from .helpers import PROBLEMS
+from .references import StoredReferences
 
 
+REFERENCES = StoredReferences(__file__)
 SOLVERS = [(gs.Tsit5, diffrax.Tsit5), (gs.Dopri5, diffrax.Dopri5)]
 
 
@@ -62,7 +64,8 @@ def _diffrax_steps(problem, solver, t0, t1, dt0, controller):
     return np.concatenate([[t0], np.asarray(sol.ts[:n])]), n
 
 
-def _check(problem_name, solvers, controller_name, direction, dt0_given):
+def _check(name, problem_name, solvers, controller_name, direction, dt0_given):
+    """`name`: the test's, under which Diffrax's steps are stored."""
     problem = PROBLEMS[problem_name]
     t0, t1 = problem.t0, problem.t1
     if direction == "backward":
@@ -71,7 +74,10 @@ def _check(problem_name, solvers, controller_name, direction, dt0_given):
     controller = _controllers(t0, t1)[controller_name]
     dt0 = (t1 - t0) / 50 if dt0_given else None
     ours, theirs = solvers
-    expected, n = _diffrax_steps(problem, theirs(), t0, t1, dt0, controller)
+    expected, n = REFERENCES(
+        name, lambda: _diffrax_steps(problem, theirs(), t0, t1, dt0, controller)
+    )
+    n = int(n)
     mesh = gs.record(
         diffrax.ODETerm(problem.f),
         ours(),
@@ -123,9 +129,16 @@ def _covering_cases():
     "controller_name,solvers,problem_name,direction,dt0_given", _covering_cases()
 )
 def test_same_steps_as_diffrax(
-    controller_name, solvers, problem_name, direction, dt0_given
+    controller_name, solvers, problem_name, direction, dt0_given, request
 ):
-    _check(problem_name, solvers, controller_name, direction, dt0_given)
+    _check(
+        request.node.name,
+        problem_name,
+        solvers,
+        controller_name,
+        direction,
+        dt0_given,
+    )
 
 
 @pytest.mark.slow
@@ -135,31 +148,47 @@ def test_same_steps_as_diffrax(
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 @pytest.mark.parametrize("dt0_given", [False, True])
 def test_same_steps_as_diffrax_full(
-    problem_name, solvers, controller_name, direction, dt0_given
+    problem_name, solvers, controller_name, direction, dt0_given, request
 ):
-    _check(problem_name, solvers, controller_name, direction, dt0_given)
+    _check(
+        request.node.name,
+        problem_name,
+        solvers,
+        controller_name,
+        direction,
+        dt0_given,
+    )
 
 
 @pytest.mark.parametrize("solvers", SOLVERS, ids=["tsit5", "dopri5"])
-def test_constant_step_size_and_step_to(solvers):
+def test_constant_step_size_and_step_to(solvers, request):
     problem = PROBLEMS["lotka_volterra"]
     ours, theirs = solvers
     term = diffrax.ODETerm(problem.f)
-    for controller, dt0 in [
-        (diffrax.ConstantStepSize(), 0.02),
-        (diffrax.StepTo(ts=jnp.array([0.0, 0.5, 1.7, 2.0, 4.5, 6.0])), None),
+    for controller_name, controller, dt0 in [
+        ("constant", diffrax.ConstantStepSize(), 0.02),
+        ("step_to", diffrax.StepTo(ts=jnp.array([0.0, 0.5, 1.7, 2.0, 4.5, 6.0])), None),
     ]:
-        sol = diffrax.diffeqsolve(
-            term,
-            theirs(),
-            0.0,
-            6.0,
-            dt0,
-            problem.y0,
-            problem.args,
-            saveat=diffrax.SaveAt(steps=True),
-            stepsize_controller=controller,
-        )
+
+        def diffrax_steps():
+            sol = diffrax.diffeqsolve(
+                term,
+                theirs(),
+                0.0,
+                6.0,
+                dt0,
+                problem.y0,
+                problem.args,
+                saveat=diffrax.SaveAt(steps=True),
+                stepsize_controller=controller,
+            )
+            return {
+                "ts": sol.ts,
+                "ys": sol.ys,
+                "num_accepted_steps": sol.stats["num_accepted_steps"],
+            }
+
+        sol = REFERENCES(f"{controller_name}-{request.node.callspec.id}", diffrax_steps)
         mine = gs.diffeqsolve(
             term,
             ours(),
@@ -171,10 +200,10 @@ def test_constant_step_size_and_step_to(solvers):
             saveat=diffrax.SaveAt(steps=True),
             stepsize_controller=controller,
         )
-        n = int(sol.stats["num_accepted_steps"])
+        n = int(sol["num_accepted_steps"])
         assert int(mine.mesh.num_steps) == n
-        np.testing.assert_allclose(mine.ts[:n], sol.ts[:n], rtol=1e-12)
-        np.testing.assert_allclose(mine.ys[:n], sol.ys[:n], rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(mine.ts[:n], sol["ts"][:n], rtol=1e-12)
+        np.testing.assert_allclose(mine.ys[:n], sol["ys"][:n], rtol=1e-10, atol=1e-12)
         assert np.all(np.isinf(np.asarray(mine.ts[n:])))
 
 
