@@ -27,20 +27,25 @@ TERM = diffrax.ODETerm(_decay)
 PID = diffrax.PIDController(rtol=1e-7, atol=1e-9)
 
 
-def _both(t0, t1, dt0, y0, args=None, term=TERM, **kwargs):
-    ours = gs.diffeqsolve(term, gs.Tsit5(), t0, t1, dt0, y0, args, **kwargs)
-    theirs = diffrax.diffeqsolve(term, diffrax.Tsit5(), t0, t1, dt0, y0, args, **kwargs)
-    return ours, theirs
+def _ours(t0, t1, dt0, y0, args=None, term=TERM, **kwargs):
+    return gs.diffeqsolve(term, gs.Tsit5(), t0, t1, dt0, y0, args, **kwargs)
+
+
+def _diffrax(t0, t1, dt0, y0, args=None, term=TERM, **kwargs):
+    return diffrax.diffeqsolve(term, diffrax.Tsit5(), t0, t1, dt0, y0, args, **kwargs)
+
+
+def _both(*args, **kwargs):
+    """gradsolve's solution and Diffrax's, both solved now."""
+    return _ours(*args, **kwargs), _diffrax(*args, **kwargs)
 
 
 def _ours_and_stored(name, t0, t1, dt0, y0, args=None, term=TERM, **kwargs):
     """gradsolve's solution, and Diffrax's `ts` and `ys` stored under `name`."""
-    ours = gs.diffeqsolve(term, gs.Tsit5(), t0, t1, dt0, y0, args, **kwargs)
+    ours = _ours(t0, t1, dt0, y0, args, term, **kwargs)
 
     def compute():
-        sol = diffrax.diffeqsolve(
-            term, diffrax.Tsit5(), t0, t1, dt0, y0, args, **kwargs
-        )
+        sol = _diffrax(t0, t1, dt0, y0, args, term, **kwargs)
         return {"ts": sol.ts, "ys": sol.ys}
 
     return ours, types.SimpleNamespace(**REFERENCES(name, compute))

@@ -1,5 +1,7 @@
 """Invariant 1: the recorded accepted steps are Diffrax's, to round-off (float64)."""
 
+import itertools
+
 import diffrax
 import jax
 import jax.numpy as jnp
@@ -14,6 +16,7 @@ from .references import StoredReferences
 
 REFERENCES = StoredReferences(__file__)
 SOLVERS = [(gs.Tsit5, diffrax.Tsit5), (gs.Dopri5, diffrax.Dopri5)]
+SOLVER_IDS = ["tsit5", "dopri5"]
 
 
 def _controllers(t0, t1):
@@ -103,51 +106,47 @@ def _check(name, problem_name, solvers, controller_name, direction, dt0_given):
 CONTROLLERS = ["default", "pi", "pid_limits", "dtmax", "jump_ts", "step_ts", "dtmin"]
 
 
-def _covering_cases():
+def _covering_cases() -> set:
     """Every controller with both solvers, the problems taken in turn (each appears
     twice or more), each solver both ways with and without `dt0`: every option of
-    the full grid (the long test below), not every combination."""
+    the full grid, not every combination."""
     names = sorted(PROBLEMS)
-    cases = []
+    cases = set()
     for c, controller_name in enumerate(CONTROLLERS):
-        for s, solver_id in enumerate(("tsit5", "dopri5")):
+        for s in range(len(SOLVERS)):
             problem_name = names[(2 * c + s) % len(names)]
-            cases.append(
-                pytest.param(
-                    controller_name,
-                    SOLVERS[s],
-                    problem_name,
-                    "forward" if (c + s) % 2 == 0 else "backward",
-                    (c // 2) % 2 == 0,
-                    id=f"{controller_name}-{solver_id}-{problem_name}",
-                )
-            )
+            direction = "forward" if (c + s) % 2 == 0 else "backward"
+            cases.add((controller_name, s, problem_name, direction, (c // 2) % 2 == 0))
     return cases
 
 
+def _grid():
+    """The full grid; the cases outside `_covering_cases()` are long tests."""
+    covering = _covering_cases()
+    for dt0_given, direction, controller_name, s, problem_name in itertools.product(
+        [False, True],
+        ["forward", "backward"],
+        CONTROLLERS,
+        range(len(SOLVERS)),
+        sorted(PROBLEMS),
+    ):
+        case = (controller_name, s, problem_name, direction, dt0_given)
+        name = f"{controller_name}-{SOLVER_IDS[s]}-{problem_name}"
+        yield pytest.param(
+            problem_name,
+            SOLVERS[s],
+            controller_name,
+            direction,
+            dt0_given,
+            id=f"{dt0_given}-{direction}-{name}",
+            marks=() if case in covering else pytest.mark.slow,
+        )
+
+
 @pytest.mark.parametrize(
-    "controller_name,solvers,problem_name,direction,dt0_given", _covering_cases()
+    "problem_name,solvers,controller_name,direction,dt0_given", _grid()
 )
 def test_same_steps_as_diffrax(
-    controller_name, solvers, problem_name, direction, dt0_given, request
-):
-    _check(
-        request.node.name,
-        problem_name,
-        solvers,
-        controller_name,
-        direction,
-        dt0_given,
-    )
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("problem_name", sorted(PROBLEMS))
-@pytest.mark.parametrize("solvers", SOLVERS, ids=["tsit5", "dopri5"])
-@pytest.mark.parametrize("controller_name", CONTROLLERS)
-@pytest.mark.parametrize("direction", ["forward", "backward"])
-@pytest.mark.parametrize("dt0_given", [False, True])
-def test_same_steps_as_diffrax_full(
     problem_name, solvers, controller_name, direction, dt0_given, request
 ):
     _check(
@@ -160,7 +159,7 @@ def test_same_steps_as_diffrax_full(
     )
 
 
-@pytest.mark.parametrize("solvers", SOLVERS, ids=["tsit5", "dopri5"])
+@pytest.mark.parametrize("solvers", SOLVERS, ids=SOLVER_IDS)
 def test_constant_step_size_and_step_to(solvers, request):
     problem = PROBLEMS["lotka_volterra"]
     ours, theirs = solvers
