@@ -87,16 +87,38 @@ def inexact_leaves(tree) -> list:
     return out
 
 
+def _tracing() -> bool:
+    """Whether a `jit` (or other transformation) is being traced now."""
+    return isinstance(jnp.asarray(1) + 1, jax.core.Tracer)
+
+
+def _numpy_or_jax(*trees):
+    """NumPy for values known now (every leaf of `trees` concrete, outside any trace),
+    else `jax.numpy`.
+
+    Checks of concrete inputs run on the host in NumPy: each `jax.numpy` operation on
+    a concrete array compiles a small XLA program of its own the first time it meets
+    a shape and dtype (~20 ms apiece, ~0.5 s of a first solve's wait). Inside a
+    trace the checks stay JAX operations, raised at run time as Diffrax's are."""
+    traced = any(isinstance(x, jax.core.Tracer) for x in jtu.tree_leaves(trees))
+    return jnp if traced or _tracing() else np
+
+
 def _finite(tree):
     leaves = inexact_leaves(tree)
+    xp = _numpy_or_jax(leaves)
     if not leaves:
-        return jnp.array(True)
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+        return xp.asarray(True)
+    return xp.all(xp.stack([xp.all(xp.isfinite(x)) for x in leaves]))
 
 
 def _check(x, bad, msg: str, checks: list | None):
     """`eqx.error_if(x, bad, msg)`, or, given `checks`, `x` with `(bad, msg)`
     added to them for `raise_first` (traced predicates only)."""
+    if not isinstance(bad, jax.core.Tracer):
+        # Known: raised already where it is true (a Python bool costs Equinox no
+        # JAX operation).
+        bad = bool(bad)
     if checks is None:
         return eqx.error_if(x, bad, msg)
     if isinstance(bad, jax.core.Tracer):
@@ -175,11 +197,14 @@ class TimeValueError(ValueError, RuntimeError):
 
 def _check_ts(ts, t0, t1, checks: list | None = None):
     """`saveat.ts` must be monotone in the direction of integration and in range."""
-    lo, hi = jnp.minimum(t0, t1), jnp.maximum(t0, t1)
+    xp = _numpy_or_jax(ts, t0, t1)
+    if xp is np:
+        ts, t0, t1 = np.asarray(ts), np.asarray(t0), np.asarray(t1)
+    lo, hi = xp.minimum(t0, t1), xp.maximum(t0, t1)
     increasing = t1 >= t0
     step = ts[1:] - ts[:-1]
-    unsorted = jnp.any(jnp.where(increasing, step < 0, step > 0))
-    outside = jnp.any((ts < lo) | (ts > hi))
+    unsorted = xp.any(xp.where(increasing, step < 0, step > 0))
+    outside = xp.any((ts < lo) | (ts > hi))
     try:  # concrete values get a Python error, raised at once
         bad_order, bad_range = bool(unsorted), bool(outside)
     except jax.errors.ConcretizationTypeError:
@@ -217,7 +242,8 @@ def check_finite_times(t0, t1, dt0, ts, checks: list | None = None):
                 f"{name} is NaN or infinite; times must be finite numbers. Check how "
                 f"{name} is computed."
             )
-            x = _raise_or_thread(x, ~jnp.all(jnp.isfinite(x)), msg, checks)
+            xp = _numpy_or_jax(x)
+            x = _raise_or_thread(x, ~xp.all(xp.isfinite(x)), msg, checks)
         out.append(x)
     if dt0 is not None:
         msg = (
@@ -232,7 +258,8 @@ def _check_dt0(dt0, t0, t1, checks: list | None = None):
     # Times may mix Python numbers, integers and floats (Diffrax accepts
     # `t0=0, t1=1, dt0=0.1`), also under `jax_numpy_dtype_promotion="strict"`.
     dtype = time_dtype(t0, t1, dt0, None)
-    dt0, t0, t1 = (jnp.asarray(x, dtype=dtype) for x in (dt0, t0, t1))
+    xp = _numpy_or_jax(dt0, t0, t1)
+    dt0, t0, t1 = (xp.asarray(x, dtype=dtype) for x in (dt0, t0, t1))
     wrong = (t1 - t0) * dt0 < 0
     msg = (
         "dt0 has the wrong sign: it must point from t0 to t1 (negative when "
@@ -259,13 +286,14 @@ def check_concrete_inputs(t0, t1, dt0, y0, args, saveat: diffrax.SaveAt):
             "solve."
         )
     dtype = time_dtype(t0, t1, dt0, saveat.subs.ts)
-    as_time = lambda x: None if x is None else jnp.asarray(x, dtype=dtype)
+    xp = _numpy_or_jax(t0, t1, dt0, saveat.subs.ts)
+    as_time = lambda x: None if x is None else xp.asarray(x, dtype=dtype)
     t0, t1 = as_time(t0), as_time(t1)
     check_finite_times(t0, t1, as_time(dt0), as_time(saveat.subs.ts), traced)
     if dt0 is not None:
         _check_dt0(dt0, t0, t1, traced)
     if saveat.subs.ts is not None:
-        _check_ts(jnp.asarray(saveat.subs.ts, dtype=dtype), t0, t1, traced)
+        _check_ts(as_time(saveat.subs.ts), t0, t1, traced)
 
 
 def prepare(term, t0, t1, dt0, y0, args, saveat: diffrax.SaveAt) -> Prepared:

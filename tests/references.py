@@ -72,7 +72,16 @@ def _decode(spec, arrays) -> Any:
     return arrays[f"a{value}"]
 
 
-def _assert_same(fresh, stored, name: str):
+def result_message(results, result) -> np.ndarray:
+    """The message of `result`, a code of `results` (`diffrax.RESULTS` or
+    `optimistix.RESULTS`; empty for success): the form in which a result is stored
+    and compared."""
+    return np.asarray(str(results[result]))
+
+
+def assert_same(fresh, stored, name: str):
+    """`fresh` and `stored` have the same structure, shapes and dtypes, and values
+    equal to `RECOMPUTE_RTOL` of each array's largest magnitude."""
     fresh_leaves, fresh_structure = jax.tree.flatten(fresh)
     stored_leaves, stored_structure = jax.tree.flatten(stored)
     assert fresh_structure == stored_structure, (name, fresh_structure)
@@ -141,7 +150,7 @@ class StoredReferences:
         if how == "recompute":
             if name not in values:
                 raise LookupError(f"{name!r} is not stored in {self.path}.")
-            _assert_same(fresh, values[name], name)
+            assert_same(fresh, values[name], name)
         else:
             values[name] = fresh
             self._save()

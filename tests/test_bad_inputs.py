@@ -12,7 +12,7 @@ import pytest
 import gradsolve as gs
 
 from .helpers import PROBLEMS
-from .references import StoredReferences
+from .references import StoredReferences, result_message
 
 
 REFERENCES = StoredReferences(__file__)
@@ -22,8 +22,7 @@ CTRL = diffrax.PIDController(rtol=1e-6, atol=1e-6)
 
 
 def _message(result) -> str:
-    """A result code as its message, how it is stored (empty for success)."""
-    return str(diffrax.RESULTS[result])
+    return str(result_message(diffrax.RESULTS, result))
 
 
 def _stored_solution(name, compute):
@@ -33,7 +32,7 @@ def _stored_solution(name, compute):
     def parts():
         sol = compute()
         stats = {k: sol.stats[k] for k in ("num_accepted_steps", "num_rejected_steps")}
-        result = np.asarray(_message(sol.result))
+        result = result_message(diffrax.RESULTS, sol.result)
         return {"ts": sol.ts, "ys": sol.ys, "result": result, "stats": stats}
 
     stored = REFERENCES(name, parts)

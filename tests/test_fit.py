@@ -3,7 +3,8 @@ same answer as an Optimistix fit with Diffrax gradients, both Jacobian modes, an
 clear errors or result codes for bad input.
 
 References are the true parameters of the synthetic data (simulated by Diffrax) and
-fits computed entirely with Diffrax gradients (`examples/diffrax_fit.py`).
+fits computed entirely with Diffrax gradients (`examples/diffrax_fit.py`), both
+stored with the tests (`references.py`).
 """
 
 import contextlib
@@ -21,6 +22,8 @@ import pytest
 
 import gradsolve as gs
 
+from .references import StoredReferences, result_message
+
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 sys.path.insert(0, str(EXAMPLES))
@@ -36,11 +39,29 @@ import fit_problems as fhn  # noqa: E402  (FitzHugh-Nagumo, as benchmarked)
 pytestmark = pytest.mark.filterwarnings("error::gradsolve.StaleMeshWarning")
 
 N = 16  # experiments; the examples' tests use the same size, so compilations are shared
+# The synthetic data (simulated by Diffrax) and the fits with Diffrax gradients.
+REFERENCES = StoredReferences(__file__)
 
 
 @pytest.fixture(scope="module")
 def lv_data():
-    return lv.make_data(N)
+    y0s, ts, data = REFERENCES("lotka-volterra-data", lambda: lv.make_data(N))
+    return jnp.asarray(y0s), jnp.asarray(ts), jnp.asarray(data)
+
+
+def _diffrax_fit(lv_data, jac):
+    """`(params, result message, iterations)` of the Lotka-Volterra fit with Diffrax
+    gradients (`examples/diffrax_fit.py`), Jacobians in mode `jac`."""
+
+    def compute():
+        params, result, iterations, _ = lv.fit_diffrax(*lv_data, jac)
+        return params, result_message(optx.RESULTS, result), np.asarray(iterations)
+
+    params, result, iterations = REFERENCES(f"diffrax-fit-{jac}", compute)
+    return params, str(result), int(iterations)
+
+
+SUCCESS = str(result_message(optx.RESULTS, optx.RESULTS.successful))
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +132,8 @@ def test_fwd_and_bwd_give_the_same_fit(lv_data, lv_fwd):
 
 def test_matches_a_fit_with_diffrax_gradients(lv_data, lv_fwd):
     # Diffrax's default (reverse-mode) adjoint, adaptive solves at every iteration.
-    params, result, _, _ = lv.fit_diffrax(*lv_data, "bwd")
-    assert result == optx.RESULTS.successful
+    params, result, _ = _diffrax_fit(lv_data, "bwd")
+    assert result == SUCCESS
     # The optimiser stops at rtol = atol = 1e-8; the two objectives differ by the
     # solver's tolerance (different step sequences), which moves the minimum by less.
     np.testing.assert_allclose(lv_fwd.params, params, rtol=1e-6)
@@ -412,14 +433,9 @@ def test_per_evaluation_meshes_follow_the_diffrax_fit(lv_data, jac):
     # and their derivative Diffrax's, so the optimiser takes the same steps until
     # the loss reaches its round-off floor, where which steps round down is luck
     # (here the Diffrax fit spends 8 more iterations there).
-    from diffrax_fit import diffrax_fit
-
     fit = _per_evaluation_fit(*lv_data, jac=jac)
-    params, result, iterations, _ = diffrax_fit(
-        lv.lotka_volterra, lv.GUESS, *lv_data, stepsize_controller=lv.CONTROLLER,
-        optimiser=lv.OPTIMISER, jac=jac,
-    )  # fmt: skip
-    assert fit.result == optx.RESULTS.successful == result
+    params, result, iterations = _diffrax_fit(lv_data, jac)
+    assert fit.result == optx.RESULTS.successful and result == SUCCESS
     assert fit.stats["iterations"] <= iterations
     np.testing.assert_allclose(fit.params, params, rtol=lv.OPTIMISER.rtol)
     assert fit.mesh is not None and fit.stats["residual_norm"] > 0
