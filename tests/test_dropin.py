@@ -156,23 +156,16 @@ def test_zero_size_leaf_next_to_others(size):
     )
     _close(ours.ys, theirs.ys)
 
-    def loss(module, y0):
-        sol = module.diffeqsolve(
-            TERM,
-            module.Tsit5(),
-            0.0,
-            1.0,
-            None,
-            y0,
-            stepsize_controller=PID,
-            saveat=diffrax.SaveAt(ts=ts),
+    def loss(solve, y0):
+        sol = solve(
+            0.0, 1.0, None, y0, stepsize_controller=PID, saveat=diffrax.SaveAt(ts=ts)
         )
         return jnp.sum(sol.ys[0] ** 2)
 
     theirs = REFERENCES(
-        f"zero-size-leaf-{size}-gradient", lambda: jax.grad(loss, 1)(diffrax, y0)
+        f"zero-size-leaf-{size}-gradient", lambda: jax.grad(loss, 1)(_diffrax, y0)
     )
-    _close(jax.grad(loss, 1)(gs, y0), theirs, rtol=1e-9)
+    _close(jax.grad(loss, 1)(_ours, y0), theirs, rtol=1e-9)
 
 
 def test_saved_solver_and_controller_state_resume():

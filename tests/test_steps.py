@@ -169,18 +169,14 @@ def test_constant_step_size_and_step_to(solvers, request):
         ("step_to", diffrax.StepTo(ts=jnp.array([0.0, 0.5, 1.7, 2.0, 4.5, 6.0])), None),
     ]:
 
+        def solve(lib, solver):
+            return lib.diffeqsolve(
+                term, solver, 0.0, 6.0, dt0, problem.y0, problem.args,
+                saveat=diffrax.SaveAt(steps=True), stepsize_controller=controller,
+            )  # fmt: skip
+
         def diffrax_steps():
-            sol = diffrax.diffeqsolve(
-                term,
-                theirs(),
-                0.0,
-                6.0,
-                dt0,
-                problem.y0,
-                problem.args,
-                saveat=diffrax.SaveAt(steps=True),
-                stepsize_controller=controller,
-            )
+            sol = solve(diffrax, theirs())
             return {
                 "ts": sol.ts,
                 "ys": sol.ys,
@@ -188,17 +184,7 @@ def test_constant_step_size_and_step_to(solvers, request):
             }
 
         sol = REFERENCES(f"{controller_name}-{request.node.callspec.id}", diffrax_steps)
-        mine = gs.diffeqsolve(
-            term,
-            ours(),
-            0.0,
-            6.0,
-            dt0,
-            problem.y0,
-            problem.args,
-            saveat=diffrax.SaveAt(steps=True),
-            stepsize_controller=controller,
-        )
+        mine = solve(gs, ours())
         n = int(sol["num_accepted_steps"])
         assert int(mine.mesh.num_steps) == n
         np.testing.assert_allclose(mine.ts[:n], sol["ts"][:n], rtol=1e-12)
