@@ -144,7 +144,7 @@ def _grid():
 
 
 @pytest.mark.parametrize(
-    "problem_name,solvers,controller_name,direction,dt0_given", _grid()
+    "problem_name,solvers,controller_name,direction,dt0_given", list(_grid())
 )
 def test_same_steps_as_diffrax(
     problem_name, solvers, controller_name, direction, dt0_given, request
