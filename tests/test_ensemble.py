@@ -8,6 +8,10 @@ import numpy as np
 import gradsolve as gs
 
 from .helpers import PROBLEMS
+from .references import StoredReferences
+
+
+REFERENCES = StoredReferences(__file__)
 
 
 CTRL = diffrax.PIDController(rtol=1e-7, atol=1e-7)
@@ -54,7 +58,10 @@ def test_vmapped_ensemble_matches_single_solves():
         return jnp.sum(sol.ys**2)
 
     sample = slice(0, n, 50)
-    want = jax.jit(jax.vmap(jax.grad(diffrax_loss)))(args[sample], y0s[sample])
+    want = REFERENCES(
+        "lotka-volterra-ensemble-gradients",
+        lambda: jax.jit(jax.vmap(jax.grad(diffrax_loss)))(args[sample], y0s[sample]),
+    )
     np.testing.assert_allclose(grads[sample], want, rtol=1e-9)
 
 

@@ -16,10 +16,12 @@ import numpy as np
 import pytest
 
 from .helpers import max_relative_error, run_fresh
+from .references import StoredReferences
 
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+REFERENCES = StoredReferences(__file__)
 
 
 def _blocks() -> list[str]:
@@ -71,7 +73,18 @@ def test_first_example_matches_diffrax(tmp_path):
         )(out["y0s"], params)  # fmt: skip
         return jnp.sum(ys**2)
 
-    expected = jax.jit(jax.grad(diffrax_loss))(jnp.asarray(out["params"]))
+    # Diffrax's gradient is stored with the inputs it was computed at: a changed
+    # example must be stored again.
+    inputs = (out["y0s"], out["params"])
+    stored_inputs, expected = REFERENCES(
+        "first-example-gradient",
+        lambda: (inputs, jax.jit(jax.grad(diffrax_loss))(jnp.asarray(inputs[1]))),
+    )
+    for x, stored in zip(inputs, stored_inputs):
+        np.testing.assert_array_equal(
+            x, stored, err_msg="The README's first example changed: "
+            "GRADSOLVE_REFERENCES=update python -m pytest tests/test_readme.py -n 0",
+        )  # fmt: skip
     assert max_relative_error(out["grads"], expected) <= 1e-9
 
 
