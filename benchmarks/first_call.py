@@ -13,6 +13,7 @@ its inputs included), and the solve. Prints the minimum over runs per row.
 
 import argparse
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -27,10 +28,9 @@ from problems import PROBLEMS
 lib_name, problem_name = {lib!r}, {problem!r}
 if lib_name == "gradsolve":
     import gradsolve as lib
-    solver = lib.Tsit5()
 else:
     import diffrax as lib
-    solver = lib.Tsit5()
+solver = lib.Tsit5()
 import diffrax
 problem = PROBLEMS[problem_name]
 import numpy as np
@@ -56,8 +56,6 @@ print(json.dumps(dict(forward=forward, gradient=gradient)))
 
 
 def first_call(lib: str, problem: str) -> dict:
-    import pathlib
-
     benchmarks = str(pathlib.Path(__file__).resolve().parent)
     code = CHILD.format(benchmarks=benchmarks, lib=lib, problem=problem)
     done = subprocess.run(
