@@ -26,6 +26,12 @@ def is_concrete(*trees) -> bool:
     return not any(isinstance(x, jax.core.Tracer) for x in leaves)
 
 
+def _code(result) -> int:
+    """A concrete result's code, read on the host (comparing the results themselves
+    would compile a small program the first time)."""
+    return int(np.asarray(jtu.tree_leaves(result)[0]))
+
+
 def _finite(tree) -> bool:
     return all(np.all(np.isfinite(np.asarray(x))) for x in jtu.tree_leaves(tree))
 
@@ -197,7 +203,7 @@ def failure_message(
     `states()`, if given, returns the states the recording accepted (at `t0` and
     each step's end); else they are replayed from the mesh. `controller`, if
     given, is the step size controller, checked for settings that stall a solve."""
-    if result == diffrax.RESULTS.successful:
+    if _code(result) == _code(diffrax.RESULTS.successful):
         return None
     n = int(mesh.num_steps)
     t_end = float(np.asarray(mesh.ts)[n])

@@ -87,11 +87,6 @@ def inexact_leaves(tree) -> list:
     return out
 
 
-def _tracing() -> bool:
-    """Whether a `jit` (or other transformation) is being traced now."""
-    return isinstance(jnp.asarray(1) + 1, jax.core.Tracer)
-
-
 def _numpy_or_jax(*trees):
     """NumPy for values known now (every leaf of `trees` concrete, outside any trace),
     else `jax.numpy`.
@@ -101,7 +96,7 @@ def _numpy_or_jax(*trees):
     a shape and dtype (~20 ms apiece, ~0.5 s of a first solve's wait). Inside a
     trace the checks stay JAX operations, raised at run time as Diffrax's are."""
     traced = any(isinstance(x, jax.core.Tracer) for x in jtu.tree_leaves(trees))
-    return jnp if traced or _tracing() else np
+    return jnp if traced else np
 
 
 def _finite(tree):

@@ -40,6 +40,40 @@ def _set_if(buffer, index, value, pred):
     return buffer.at[index].set(value, mode="drop")
 
 
+# How many `SaveAt(ts)` values a step saves at once: every one it passes, up to this
+# many, interpolated side by side (no loop nested in the stepping loop, which costs
+# more to compile; under `vmap` a nested loop also selects every trajectory's whole
+# buffer of saved values each time round). More save times than this are saved a
+# window at a time, by a loop.
+SAVE_WINDOW = 16
+
+
+def _save_window(saves, ts, keep, tnext, step, dense):
+    """Save the values due in the next window of `ts`: those from the next unsaved
+    one on that the step passes (`ts <= tnext`), if the step is kept.
+
+    `saves` is `(next unsaved index, values per leaf, step of each value)`; `dense`
+    evaluates the step's dense output at an array of times.
+    """
+    index, values, steps = saves
+    width = min(SAVE_WINDOW, len(ts))
+    start = jnp.clip(index, 0, len(ts) - width)
+    window = jax.lax.dynamic_slice_in_dim(ts, start, width)
+    due = keep & (start + jnp.arange(width) >= index) & (window <= tnext)
+    values_due = dense(window)
+
+    def put(buffer, new):
+        old = jax.lax.dynamic_slice_in_dim(buffer, start, width)
+        mask = due.reshape(due.shape + (1,) * (old.ndim - 1))
+        return jax.lax.dynamic_update_slice_in_dim(
+            buffer, jnp.where(mask, new, old), start, 0
+        )
+
+    values = [put(v, x) for v, x in zip(values, values_due)]
+    steps = put(steps, jnp.full((width,), step, steps.dtype))
+    return index + jnp.sum(due), values, steps
+
+
 def xla_loop(
     problem,
     solver,
@@ -160,25 +194,29 @@ def xla_loop(
                 for s, v in zip(c["states"], y1)
             ]
         if num_ts > 0:
-
-            def save_cond(s):
-                i = s[0]
-                return (
-                    keep & (i < num_ts) & (plan.ts[jnp.minimum(i, num_ts - 1)] <= tnext)
+            saves = (c["ts_index"], c["ts_values"], c["ts_steps"])
+            dense = lambda ts: jax.vmap(
+                lambda t: combine(
+                    interpolation.weights(normalised_time(tprev, t, tnext)), y, y1, ks
                 )
+            )(ts)
+            save = lambda s: _save_window(s, plan.ts, keep, tnext, index, dense)
+            if num_ts <= SAVE_WINDOW:
+                saves = save(saves)
+            else:
 
-            def save_body(s):
-                i, values, steps = s
-                theta = normalised_time(tprev, plan.ts[i], tnext)
-                y_t = combine(interpolation.weights(theta), y, y1, ks)
-                values = [v.at[i].set(x) for v, x in zip(values, y_t)]
-                return i + 1, values, steps.at[i].set(index)
+                def more_due(s):
+                    i = s[0]
+                    due = plan.ts[jnp.minimum(i, num_ts - 1)] <= tnext
+                    return keep & (i < num_ts) & due
 
-            c["ts_index"], c["ts_values"], c["ts_steps"] = jax.lax.while_loop(
-                save_cond,
-                save_body,
-                (c["ts_index"], c["ts_values"], c["ts_steps"]),
-            )
+                # Runs while any trajectory has values due (`unvmap_any`): a batched
+                # predicate would select every buffer each time round; the window
+                # writes only what is due.
+                saves = jax.lax.while_loop(
+                    lambda s: eqxi.unvmap_any(more_due(s)), save, saves
+                )
+            c["ts_index"], c["ts_values"], c["ts_steps"] = saves
         c["y"] = _where(keep, y1, y)
         if f0 is not None:
             c["f_fsal"] = _where(keep, f1, f0)
@@ -197,7 +235,9 @@ def xla_loop(
             for k, v in c.items()
         }
 
-    carry["active"] = running(carry)
+    # As `running`, whose result test would be an eager program here: the result
+    # starts successful.
+    carry["active"] = (ti0 < ti1) & (max_steps > 0)
     carry = _batched_as(carry, [lane["tnext"], *y, *carry.get("f_fsal", [])])
     c = jax.lax.while_loop(cond_fn, body_fn, carry)
     return c, every

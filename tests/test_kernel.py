@@ -57,9 +57,11 @@ def _solve_both(solver, ctrl, saveat, dtype, *, t0=0.0, t1=0.5, dt0=None, n=7, *
 
 
 def _assert_same(xla, fused, *, rtol=0.0):
-    """Same steps, same saved values: bitwise here (interpret mode runs the same
-    operations on the same CPU), with `rtol` for round-off where XLA fuses the
-    constant step size's arithmetic differently."""
+    """Same steps: bitwise here (interpret mode runs the same operations on the same
+    CPU), with `rtol` for round-off where XLA fuses the constant step size's
+    arithmetic differently. Saved values to a few units in the last place: the XLA
+    loop interpolates a window of save times side by side, the kernel one at a
+    time, and XLA may order the arithmetic of the two differently."""
     np.testing.assert_array_equal(fused.mesh.num_steps, xla.mesh.num_steps)
     for key in ("num_steps", "num_accepted_steps", "num_rejected_steps"):
         np.testing.assert_array_equal(fused.stats[key], xla.stats[key])
@@ -67,7 +69,8 @@ def _assert_same(xla, fused, *, rtol=0.0):
     assert fused.ys.dtype == xla.ys.dtype and fused.mesh.ts.dtype == xla.mesh.ts.dtype
     np.testing.assert_allclose(fused.mesh.ts, xla.mesh.ts, rtol=rtol, atol=0)
     np.testing.assert_allclose(fused.ts, xla.ts, rtol=rtol, atol=0)
-    np.testing.assert_allclose(fused.ys, xla.ys, rtol=max(rtol, 1e-300), atol=0)
+    ulps = 4 * np.finfo(xla.ys.dtype).eps
+    np.testing.assert_allclose(fused.ys, xla.ys, rtol=max(rtol, ulps), atol=0)
 
 
 @pytest.mark.parametrize(
