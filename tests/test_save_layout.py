@@ -24,8 +24,7 @@ from gradsolve._saving import SavePlan, save_layout
         (0.0, 0.0, 4, 9),
         (5.0, 0.0, 100, 9),
         (5.0, 0.0, 3, 9),
-        (0.0, 5.0, 100, 150),  # dozens of values in a step: saved a window at a time
-        (5.0, 0.0, 4, 150),
+        (5.0, 0.0, 4, 150),  # dozens of values in a step: saved a window at a time
     ],
     ids=[
         "success",
@@ -33,7 +32,6 @@ from gradsolve._saving import SavePlan, save_layout
         "empty",
         "backwards",
         "backwards_max_steps",
-        "many",
         "many_backwards_max_steps",
     ],
 )
@@ -58,14 +56,10 @@ def test_noted_steps_are_the_searched_ones(t0, t1, max_steps, num_ts):
     np.testing.assert_array_equal(out.layout.step_slot, searched.step_slot)
 
 
-@pytest.mark.parametrize(
-    "t0, t1, num_ts",
-    [(0.0, 6.0, 40), (0.0, 6.0, 301), (6.0, 0.0, 301)],
-    ids=["few", "many", "many_backwards"],
-)
-def test_many_values_per_step_are_diffraxs(t0, t1, num_ts):
-    # At rtol 1e-3 a step spans many save times (dozens for 301): more than one
-    # window of them, on trajectories that take different steps (`vmap`).
+def test_many_values_per_step_are_diffraxs():
+    # At rtol 1e-3 a step spans dozens of the 301 save times: more than one window
+    # of them, on trajectories that take different steps (`vmap`).
+    t0, t1, num_ts = 0.0, 6.0, 301
     term = diffrax.ODETerm(lambda t, y, k: jnp.stack([y[1], -k * y[0]]))
     y0s = jnp.array([[1.0, 0.0], [0.5, 1.0], [2.0, -1.0]])
     ks = jnp.array([1.0, 4.0, 0.3])
@@ -82,8 +76,7 @@ def test_many_values_per_step_are_diffraxs(t0, t1, num_ts):
     theirs = jax.vmap(lambda y0, k: solve(diffrax, y0, k))(y0s, ks)
     steps = np.asarray(theirs.stats["num_accepted_steps"])
     assert steps.min() < steps.max()
-    if num_ts > 100:  # then some step spans more than a window of values
-        assert num_ts / steps.min() > SAVE_WINDOW
+    assert num_ts / steps.min() > SAVE_WINDOW  # some step spans more than a window
     np.testing.assert_array_equal(ours.stats["num_accepted_steps"], steps)
     np.testing.assert_allclose(ours.ts, theirs.ts, rtol=0, atol=0)
     np.testing.assert_allclose(ours.ys, theirs.ys, rtol=1e-12, atol=1e-14)
