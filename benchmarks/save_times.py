@@ -22,8 +22,9 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-import gradsolve as gs  # noqa: E402
 from problems import PROBLEMS  # noqa: E402
+
+import gradsolve as gs  # noqa: E402
 
 
 def _timed(fn, *args, repeats: int):
