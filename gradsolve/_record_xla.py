@@ -136,8 +136,11 @@ def xla_loop(
         ]
 
     # Left as the body makes them: the buffers are written only where their
-    # trajectory is active (`_set_if`), and `active` is the mask itself.
+    # trajectory is active (`_set_if`; the saved values only where a kept step
+    # passes them, and a step is kept only where active), and `active` is the mask
+    # itself. (Masked, every step would select each trajectory's whole buffer.)
     unmasked = {"mesh_ts", "starts", "restarts", "states", "active"}
+    unmasked |= {"ts_index", "ts_values", "ts_steps"}
 
     def running(c):
         going = (c["tprev"] < ti1) & (c["num_steps"] < max_steps)
