@@ -88,13 +88,14 @@ def inexact_leaves(tree) -> list:
 
 
 def _numpy_or_jax(*trees):
-    """NumPy for values known now (every leaf of `trees` concrete, outside any trace),
-    else `jax.numpy`.
+    """NumPy for values known now (every leaf of `trees` concrete), else `jax.numpy`.
 
     Checks of concrete inputs run on the host in NumPy: each `jax.numpy` operation on
     a concrete array compiles a small XLA program of its own the first time it meets
-    a shape and dtype (~20 ms apiece, ~0.5 s of a first solve's wait). Inside a
-    trace the checks stay JAX operations, raised at run time as Diffrax's are."""
+    a shape and dtype (~20 ms apiece, ~0.5 s of a first solve's wait). A value known
+    while a `jit` is traced (a Python number or array closed over) is checked then,
+    and fails while tracing; traced values stay JAX operations, raised at run time
+    as Diffrax's are."""
     traced = any(isinstance(x, jax.core.Tracer) for x in jtu.tree_leaves(trees))
     return jnp if traced else np
 

@@ -41,10 +41,11 @@ def _set_if(buffer, index, value, pred):
 
 
 # How many `SaveAt(ts)` values a step saves at once: every one it passes, up to this
-# many, interpolated side by side (no loop nested in the stepping loop, which costs
-# more to compile; under `vmap` a nested loop also selects every trajectory's whole
-# buffer of saved values each time round). More save times than this are saved a
-# window at a time, by a loop.
+# many, interpolated side by side. Up to this many save times there is no loop
+# nested in the stepping loop (one costs XLA more to compile than the extra
+# interpolations cost to run); more are saved a window at a time, by a loop. A
+# larger window wastes interpolations where a step passes few values (4 at a time
+# was faster with 101 save times on 1,024 trajectories, slower with 1,001).
 SAVE_WINDOW = 16
 
 
