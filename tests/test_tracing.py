@@ -107,3 +107,41 @@ def test_python_scalars_in_args_differentiated_inline():
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
         if jnp.issubdtype(jnp.result_type(a), jnp.inexact):
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_a_first_solve_compiles_one_program():
+    # Checks of concrete inputs run in NumPy and the loop's set-up compares nothing
+    # eagerly: a first solve waits for one XLA compilation, not for small programs
+    # of its own besides (each ~20 ms the first time it meets a shape and dtype).
+    import logging
+    import re
+
+    names = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            found = re.match(r"Compiling (\S+) with", record.getMessage())
+            if found:
+                names.append(found.group(1))
+
+    y0 = jnp.array([1.0, 0.5, 0.25])  # a shape no other test here solves
+    args = jnp.array([1.1, 0.4, 0.1, 0.4])
+    field = lambda t, y, p: jnp.stack([-p[0] * y[0], p[1] * y[0] - y[1], -p[3] * y[2]])
+    saveat = gs.SaveAt(ts=jnp.linspace(0.0, 2.0, 7))
+    jax.block_until_ready((y0, args, saveat.subs.ts))
+    jax.clear_caches()
+    logger = logging.getLogger("jax._src.interpreters.pxla")
+    handler = Collect(level=logging.DEBUG)
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles():
+            sol = gs.diffeqsolve(
+                gs.ODETerm(field), gs.Tsit5(), 0.0, 2.0, None, y0, args,
+                saveat=saveat,
+                stepsize_controller=gs.PIDController(rtol=1e-6, atol=1e-6),
+            )  # fmt: skip
+            jax.block_until_ready(sol.ys)
+    finally:
+        logger.removeHandler(handler)
+    assert sol.ys.shape == (7, 3)
+    assert len(names) == 1, names
