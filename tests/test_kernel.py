@@ -59,7 +59,7 @@ def _solve_both(solver, ctrl, saveat, dtype, *, t0=0.0, t1=0.5, dt0=None, n=7, *
 def _assert_same(xla, fused, *, rtol=0.0):
     """Same steps: bitwise here (interpret mode runs the same operations on the same
     CPU), with `rtol` for round-off where XLA fuses the constant step size's
-    arithmetic differently. Saved values to a few units in the last place: the XLA
+    arithmetic differently. Saved values to round-off (16 ulps): the XLA
     loop interpolates a window of save times side by side, the kernel one at a
     time, and XLA may order the arithmetic of the two differently."""
     np.testing.assert_array_equal(fused.mesh.num_steps, xla.mesh.num_steps)
@@ -69,7 +69,9 @@ def _assert_same(xla, fused, *, rtol=0.0):
     assert fused.ys.dtype == xla.ys.dtype and fused.mesh.ts.dtype == xla.mesh.ts.dtype
     np.testing.assert_allclose(fused.mesh.ts, xla.mesh.ts, rtol=rtol, atol=0)
     np.testing.assert_allclose(fused.ts, xla.ts, rtol=rtol, atol=0)
-    ulps = 4 * np.finfo(xla.ys.dtype).eps
+    # A dense output sums nine terms, some larger than the value: reordered, it
+    # moves by a few units in the last place of the largest.
+    ulps = 16 * np.finfo(xla.ys.dtype).eps
     np.testing.assert_allclose(fused.ys, xla.ys, rtol=max(rtol, ulps), atol=0)
 
 
