@@ -1,14 +1,16 @@
-"""A forward solve that saves many values: `SaveAt(ts=...)` with 11 to 1,001 save
+"""Solves that save many values: `SaveAt(ts=...)` with 11 to 1,001 save
 times, gradsolve against Diffrax, in one process.
 
     python benchmarks/save_times.py [--problems lotka_volterra,lorenz]
-        [--num-ts 11,101,1001] [--n 1,1024] [--repeats 5]
+        [--num-ts 11,101,1001] [--n 1,1024] [--repeats 5] [--gradient]
 
 For each problem, number of save times and ensemble size: `jax.jit(jax.vmap(...))`
 of `gs.diffeqsolve` and of `diffrax.diffeqsolve` (Tsit5, PID rtol = atol = 1e-6,
 float64, the save times spread evenly over the interval), each a fresh compiled
 function. Reports the first call (compilation included) and the fastest of
-`--repeats` later calls, and checks that the saved values agree.
+`--repeats` later calls, and checks that the saved values agree. `--gradient` times
+the gradient of `sum(ys**2)` with respect to the parameters instead (gradsolve's
+one-call gradient against Diffrax's default adjoint) and compares the gradients.
 """
 
 import argparse
@@ -39,7 +41,7 @@ def _timed(fn, *args, repeats: int):
     return out, first, best
 
 
-def row(problem, num_ts: int, n: int, repeats: int) -> dict:
+def row(problem, num_ts: int, n: int, repeats: int, gradient: bool = False) -> dict:
     y0s, args = problem.make_inputs(n, np.random.default_rng(0))
     y0s, args = jnp.asarray(y0s), jax.tree.map(jnp.asarray, args)
     saveat = diffrax.SaveAt(ts=jnp.linspace(problem.t0, problem.t1, num_ts))
@@ -52,7 +54,10 @@ def row(problem, num_ts: int, n: int, repeats: int) -> dict:
             term, lib.Tsit5(), problem.t0, problem.t1, None, y0, a,
             saveat=saveat, stepsize_controller=ctrl, max_steps=problem.max_steps,
         ).ys  # fmt: skip
-        fn = jax.jit(jax.vmap(solve, in_axes=(0, problem.args_axes)))
+        fn = jax.vmap(solve, in_axes=(0, problem.args_axes))
+        if gradient:  # of sum(ys**2) with respect to `args`
+            fn = jax.grad(lambda y0s, a, fn=fn: jnp.sum(fn(y0s, a) ** 2), argnums=1)
+        fn = jax.jit(fn)
         ys[lib.__name__], first, best = _timed(fn, y0s, args, repeats=repeats)
         out[lib.__name__] = dict(first_s=first, run_ms=1e3 * best)
     scale = np.max(np.abs(ys["diffrax"]))
@@ -67,6 +72,12 @@ def main(argv=None):
     parser.add_argument("--num-ts", default="11,101,1001")
     parser.add_argument("--n", default="1,1024")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--gradient",
+        action="store_true",
+        help="time the gradient of sum(ys**2) with respect to the parameters "
+        "(gradsolve's one-call gradient against Diffrax's default adjoint)",
+    )
     args = parser.parse_args(argv)
     print(
         "| problem | save times | N | gradsolve first s | gradsolve run ms "
@@ -76,7 +87,7 @@ def main(argv=None):
     for name in args.problems.split(","):
         for num_ts in map(int, args.num_ts.split(",")):
             for n in map(int, args.n.split(",")):
-                r = row(PROBLEMS[name], num_ts, n, args.repeats)
+                r = row(PROBLEMS[name], num_ts, n, args.repeats, args.gradient)
                 ours, theirs = r["gradsolve"], r["diffrax"]
                 print(
                     f"| {name} | {num_ts} | {n} | {ours['first_s']:.2f} "
