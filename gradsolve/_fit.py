@@ -17,6 +17,7 @@ from ._fit_convergence import gauss_newton_refine, tolerances
 from ._fit_problem import FitProblem, make_problem
 from ._fit_program import fit_per_evaluation, optimiser_options, record_fit
 from ._mesh import RecordedMesh
+from ._solve_checks import check_max_steps
 
 
 class FitResult(eqx.Module):
@@ -266,6 +267,7 @@ def fit(
             "optx.LevenbergMarquardt) or minimiser (e.g. optx.BFGS); got "
             f"{type(optimiser).__name__}."
         )
+    max_steps = check_max_steps(max_steps)
     if dt0 is not None and not (np.all(np.isfinite(np.asarray(dt0))) and dt0 > 0):
         raise ValueError(
             f"dt0={dt0}: the initial step must be a positive finite number, or None "

@@ -164,10 +164,10 @@ def _structure_key(problem: FitProblem, params, optimiser):
 def buffer_length(key, longest: int, max_steps: int) -> int:
     """The steps each recording of the fit may take: the longest mesh at the
     initial guess with head room, bucketed, or an earlier fit's (of the structure
-    `key`) if that is at most twice as long."""
+    `key`) if that is at most twice as long and at most `max_steps`."""
     need = bucket_length(math.ceil(HEADROOM * max(longest, 1)), max_steps)
     earlier = None if key is None else _LENGTHS.get(key)
-    if earlier is not None and need <= earlier <= 2 * need:
+    if earlier is not None and need <= earlier <= min(2 * need, max_steps):
         return earlier
     return need
 
@@ -194,6 +194,9 @@ def fit_per_evaluation(
     key = _structure_key(problem, params, optimiser)
     recordings = 0
     length = None if key is None else _LENGTHS.get(key)
+    if length is not None:
+        # An earlier fit's buffer, but never more steps than this fit allows.
+        length = min(length, max_steps)
     if length is None and _unsized_start(problem, mode, max_steps):
         # No recording to size the buffer (its compilation is a tenth of a small
         # fit's first call): this buffer holds most fits' solves, and one that

@@ -292,6 +292,8 @@ def test_a_second_fit_of_the_same_shape_compiles_nothing(lv_data, lv_fwd):
         (dict(t0=jnp.nan), "initial time must be a finite number"),
         (dict(dt0=jnp.nan), "initial step must be a positive finite number"),
         (dict(dt0=0.0), "initial step must be a positive finite number"),
+        (dict(max_steps=0), "max_steps=0: it must be a positive integer"),
+        (dict(max_steps=2.5), "max_steps=2.5: it must be a positive integer"),
     ],
 )
 def test_bad_input_gets_a_clear_error(lv_data, change, match):
@@ -497,3 +499,28 @@ def test_per_evaluation_second_fit_of_the_same_shape_compiles_nothing(lv_data):
         fit = _per_evaluation_fit(new_y0s, ts, new_data)
     assert fit.result == optx.RESULTS.successful
     assert names == []
+
+
+def test_max_steps_holds_after_an_earlier_fit_of_the_same_shape(monkeypatch):
+    # A later fit of the same structure reuses an earlier fit's buffer length
+    # (no new compilation), but never one longer than its own `max_steps`: a fit
+    # whose solves need more steps fails as it does in a fresh process.
+    term = gs.ODETerm(lambda t, y, k: -k * y)
+    ts = jnp.array([0.5, 1.0, 2.0])
+    y0s = jnp.array([[1.0], [2.0]])
+    data = y0s[:, None, :] * jnp.exp(-0.7 * ts)[None, :, None]
+    ctrl = gs.PIDController(rtol=1e-8, atol=1e-8)
+
+    def fit(**kwargs):
+        return gs.fit(term, gs.Tsit5(), jnp.asarray(0.5), y0s, ts, data,
+                      stepsize_controller=ctrl, **kwargs)  # fmt: skip
+
+    first = fit()
+    assert first.result == optx.RESULTS.successful
+    assert first.stats["mesh_steps"] > 4
+    short = fit(max_steps=4)
+    assert short.result != optx.RESULTS.successful
+    monkeypatch.setattr("gradsolve._fit_program._LENGTHS", {})
+    fresh = fit(max_steps=4)
+    assert short.result == fresh.result
+    np.testing.assert_array_equal(short.params, fresh.params)
