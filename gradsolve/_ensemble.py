@@ -29,7 +29,12 @@ from ._mesh_checks import check_complete, rows_fault
 from ._record_chunks import record_in_chunks
 from ._replay_chunks import replay_chunks, replay_chunks_footprint, replay_compiled
 from ._sharding import Split, full_axes, pad_rows, resolve_split, run_sharded
-from ._short_buffer import SHORT_BUFFER, pad_steps, record_with_short_buffer
+from ._short_buffer import (
+    SHORT_BUFFER,
+    pad_steps,
+    record_with_short_buffer,
+    trim_small,
+)
 from ._solution import Solution
 from ._solve import record
 
@@ -68,6 +73,10 @@ SMALL_RECORDING = 2**20
 # (footprints, pieces, their assembly): with it, 64 Lorenz trajectories took 1.1 ms
 # to record, without it 0.9 ms.
 MODEST_RECORDING = 2**26
+
+# Bytes below which a modest recording goes ahead without reading the available
+# memory (a file read, ~0.1-0.2 ms, a tenth of a 64-trajectory recording).
+UNBUDGETED_RECORDING = 2**24
 
 
 def _record_one(terms, solver, t0, t1, dt0, y0, args, max_steps, kwargs):
@@ -216,8 +225,10 @@ def record_ensemble(
         if full <= SMALL_RECORDING:
             # Recorded at once with the full buffer: filling it costs less than the
             # bookkeeping of a short buffer first (and of a memory budget).
-            return record_batch(max_steps, throw)(y0, args).trim()
-        if full <= min(MODEST_RECORDING, default_budget() // 4):
+            return trim_small(record_batch(max_steps, throw)(y0, args))
+        if full <= MODEST_RECORDING and (
+            full <= UNBUDGETED_RECORDING or full <= default_budget() // 4
+        ):
             # One chunk, even if every trajectory needs the full buffer: no pieces
             # to assemble, no budget to watch.
             return record_with_short_buffer(

@@ -42,7 +42,7 @@ MAGIC = b"GSMESH\x00\x01"
 FORMAT_VERSION = 2
 _PREFIX = struct.Struct("<II")  # format version, header length
 _DIGEST_BYTES = 32
-_STATIC = ("norm", "solver_type", "state")
+_STATIC = ("norm", "solver_type", "state", "length")
 
 
 def _field_spec(value) -> dict:
@@ -95,6 +95,7 @@ def save_mesh(path: str | os.PathLike, mesh: RecordedMesh) -> None:
             "save_mesh needs a concrete mesh: call it outside jax.jit/vmap/grad, on "
             "the mesh that gs.record returned."
         )
+    mesh = mesh.cut()  # The file holds the steps a replay takes.
     header = {
         "solver_type": name_of(mesh.solver_type, "solver class"),
         "norm": None if mesh.norm is None else name_of(mesh.norm, "norm"),

@@ -58,6 +58,7 @@ def replay_one(
     needs no error ratio: it is `None`), a replay on components with an explicit
     solver runs only the recorded steps (`_recorded_steps.py`), not the buffer.
     """
+    mesh = mesh.cut()  # A mesh trimmed without a copy is cut here, in the program.
     # `y0`, `args` and the initial time as the recording compiled them, whether the
     # caller passes them as constants or as arguments (see `opaque`).
     y0, args, t_first = opaque((y0, problem.args, mesh.ts[0]))

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from ._mesh import RecordedMesh
+from ._mesh import RecordedMesh, trimmed
 from ._mesh_checks import failed_rows
 
 
@@ -26,6 +26,18 @@ from ._mesh_checks import failed_rows
 # trajectories of small ODEs at tight tolerances (a few hundred steps), and filled
 # 8 times faster than the default `max_steps = 4096`.
 SHORT_BUFFER = 512
+
+# Bytes of a mesh's step arrays below which it is trimmed without a copy (see
+# `RecordedMesh.trim`): a few dozen trajectories' short buffers, for which the cut
+# (a compiled call) costs a third of a record + gradient.
+UNCUT_MESH = 2**20
+
+
+def trim_small(mesh: RecordedMesh) -> RecordedMesh:
+    """`mesh.trim()`, without a copy if its step arrays take under `UNCUT_MESH`."""
+    arrays = (mesh.ts, mesh.step_starts, mesh.restarts)
+    size = sum(x.nbytes for x in arrays if x is not None)
+    return trimmed(mesh, copy=size > UNCUT_MESH)
 
 
 def _bucket(count: int, batch: int) -> int:
@@ -59,8 +71,8 @@ def record_with_short_buffer(
     """
     short = min(max_steps, SHORT_BUFFER)
     if short == max_steps:
-        return record_batch(max_steps, throw)(y0, args).trim()
-    mesh = record_batch(short, False)(y0, args).trim()
+        return trim_small(record_batch(max_steps, throw)(y0, args))
+    mesh = trim_small(record_batch(short, False)(y0, args))
     failed = failed_rows(mesh)
     if failed.size == 0:
         return mesh
@@ -78,6 +90,7 @@ def record_with_short_buffer(
 
 def pad_steps(mesh: RecordedMesh, length: int) -> RecordedMesh:
     """A batched mesh with `length` steps: more zero-length steps at the end."""
+    mesh = mesh.cut()
     extra = length - mesh.max_steps
 
     def grow(x):

@@ -36,6 +36,9 @@ def mesh():
 
 
 def _assert_identical(a, b):
+    # A small ensemble's mesh may be trimmed without a copy: compared as replayed.
+    cut = lambda x: x.cut() if isinstance(x, gs.RecordedMesh) else x
+    a, b = jtu.tree_map(cut, (a, b), is_leaf=lambda x: isinstance(x, gs.RecordedMesh))
     assert jtu.tree_structure(a) == jtu.tree_structure(b)
     for x, y in zip(jtu.tree_leaves(a), jtu.tree_leaves(b)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
@@ -227,3 +230,47 @@ def test_settings_that_cannot_be_hashed_fail_as_in_one_recording():
         gs.record(term, gs.Tsit5(), 0.0, 1.0, None, y0s[0], rates[0])
     with pytest.raises(ValueError, match="Non-hashable static arguments"):
         gs.record_ensemble(term, gs.Tsit5(), 0.0, 1.0, None, y0s, rates, args_axes=0)
+
+
+def test_trim_without_copy_replays_as_the_cut_mesh(tmp_path):
+    # `trim(copy=False)` keeps the buffers and records the length: every replay
+    # takes that many steps (cut in its own program), with the values and
+    # gradients of the cut mesh bit for bit, and saving writes the cut mesh.
+    untrimmed = jax.vmap(_record_one)(Y0S, PARAMS)
+    cut, kept = untrimmed.trim(), untrimmed.trim(copy=False)
+    assert kept.ts.shape == untrimmed.ts.shape and kept.length == cut.max_steps
+    assert kept.max_steps == cut.max_steps < untrimmed.max_steps
+    _assert_identical(kept.cut(), cut)
+    _assert_identical(kept.trim(), cut)
+    for saveat in (gs.SaveAt(ts=jnp.linspace(0, 1, 5)), gs.SaveAt(steps=True)):
+        loss = jax.jit(_loss(gs.replay, kept, saveat))
+        (got_grad, got_ys) = loss(PARAMS)
+        want = jax.jit(_loss(gs.replay, cut, saveat))(PARAMS)
+        _assert_identical((got_grad, got_ys), want)
+    # One value per replayed step: the buffer's padding was not replayed.
+    assert got_ys.shape[1] == cut.max_steps
+    sol = gs.replay_ensemble(kept, TERM, gs.Tsit5(), Y0S, PARAMS, args_axes=0)
+    assert np.all(np.asarray(sol.stats["max_steps"]) == cut.max_steps)
+    gs.save_mesh(tmp_path / "mesh.gsmesh", kept)
+    loaded = gs.load_mesh(tmp_path / "mesh.gsmesh")
+    assert loaded.length is None
+    _assert_identical(loaded, cut)
+
+
+def test_small_ensembles_are_trimmed_without_a_copy():
+    # Recorded at once with their full buffers, which they keep: the mesh is
+    # the one a cut would give (see the test above), its length the bucket's.
+    got = gs.record_ensemble(
+        TERM,
+        gs.Tsit5(),
+        0.0,
+        1.0,
+        None,
+        Y0S,
+        PARAMS,
+        args_axes=0,
+        stepsize_controller=CTRL,
+    )
+    want = jax.vmap(_record_one)(Y0S, PARAMS).trim()
+    assert got.ts.shape[1] == 4097 and got.length == want.max_steps
+    _assert_identical(got, want)
