@@ -189,7 +189,10 @@ def record_ensemble(
 
     **Returns:**
 
-    A batched, trimmed [`gradsolve.RecordedMesh`][], split like the ensemble.
+    A batched, trimmed [`gradsolve.RecordedMesh`][], split like the ensemble. One
+    whose step arrays take under 1 MiB is trimmed without a copy (see
+    [`gradsolve.RecordedMesh.trim`][]: it keeps its buffers, and every replay
+    cuts them in its own program).
     """
     _check_count(max_steps, "max_steps", "the most steps of one trajectory")
     _check_sizes(memory_budget, chunk_size)

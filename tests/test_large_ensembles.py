@@ -242,11 +242,10 @@ def test_trim_without_copy_replays_as_the_cut_mesh(tmp_path):
     assert kept.max_steps == cut.max_steps < untrimmed.max_steps
     _assert_identical(kept.cut(), cut)
     _assert_identical(kept.trim(), cut)
-    for saveat in (gs.SaveAt(ts=jnp.linspace(0, 1, 5)), gs.SaveAt(steps=True)):
-        loss = jax.jit(_loss(gs.replay, kept, saveat))
-        (got_grad, got_ys) = loss(PARAMS)
-        want = jax.jit(_loss(gs.replay, cut, saveat))(PARAMS)
-        _assert_identical((got_grad, got_ys), want)
+    saveat = gs.SaveAt(steps=True)
+    (got_grad, got_ys) = jax.jit(_loss(gs.replay, kept, saveat))(PARAMS)
+    want = jax.jit(_loss(gs.replay, cut, saveat))(PARAMS)
+    _assert_identical((got_grad, got_ys), want)
     # One value per replayed step: the buffer's padding was not replayed.
     assert got_ys.shape[1] == cut.max_steps
     sol = gs.replay_ensemble(kept, TERM, gs.Tsit5(), Y0S, PARAMS, args_axes=0)
