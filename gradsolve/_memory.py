@@ -83,9 +83,18 @@ def _elements(tree, batched: bool = True) -> int:
 
 def _word(y0) -> int:
     """Bytes of one word: the state's element, or the time's if that is wider."""
-    sizes = [jnp.result_type(x).itemsize for x in jtu.tree_leaves(y0)]
+    sizes = [_itemsize(x) for x in jtu.tree_leaves(y0)]
     # The default float (the time's dtype unless given), without creating an array.
-    return max(sizes + [jnp.result_type(float).itemsize])
+    return max(sizes + [8 if jax.config.read("jax_enable_x64") else 4])
+
+
+def _itemsize(x) -> int:
+    """Bytes of one element of `x` as JAX holds it (`jnp.result_type` costs more
+    than a small ensemble's bookkeeping should)."""
+    dtype = getattr(x, "dtype", None)
+    if isinstance(x, jax.Array) and dtype is not None:
+        return dtype.itemsize
+    return jnp.result_type(x).itemsize
 
 
 def _solver_terms(solver) -> tuple[int, bool, bool]:

@@ -190,6 +190,14 @@ def resolve_split(sharding, tree, in_axes, what: str = "the ensemble") -> Split 
     Raises a `ValueError` when arrays are split differently from each other or from
     `sharding=`.
     """
+    if (
+        sharding is None
+        and jax.device_count() == 1
+        and set(jtu.tree_leaves(in_axes)) <= {0}
+    ):
+        # Nothing is split on one device (and the axes need no check): a small
+        # ensemble's recording would spend a tenth of its time finding that out.
+        return None
     found = []
     for x in _mapped_leaves(tree, in_axes):
         split = _split_of(x, what)
