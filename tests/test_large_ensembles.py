@@ -44,9 +44,8 @@ def _assert_identical(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-@pytest.mark.parametrize("chunk_size", [3, 4, 10])
-def test_chunked_record_is_the_vmapped_record(mesh, chunk_size):
-    chunked = gs.record_ensemble(
+def _record_ensemble(**kwargs):
+    return gs.record_ensemble(
         TERM,
         gs.Tsit5(),
         0.0,
@@ -56,9 +55,13 @@ def test_chunked_record_is_the_vmapped_record(mesh, chunk_size):
         PARAMS,
         args_axes=0,
         stepsize_controller=CTRL,
-        chunk_size=chunk_size,
+        **kwargs,
     )
-    _assert_identical(chunked, mesh)
+
+
+@pytest.mark.parametrize("chunk_size", [3, 4, 10])
+def test_chunked_record_is_the_vmapped_record(mesh, chunk_size):
+    _assert_identical(_record_ensemble(chunk_size=chunk_size), mesh)
 
 
 def _loss(replay, mesh, saveat, **kwargs):
@@ -256,20 +259,9 @@ def test_trim_without_copy_replays_as_the_cut_mesh(tmp_path):
     _assert_identical(loaded, cut)
 
 
-def test_small_ensembles_are_trimmed_without_a_copy():
+def test_small_ensembles_are_trimmed_without_a_copy(mesh):
     # Recorded at once with their full buffers, which they keep: the mesh is
     # the one a cut would give (see the test above), its length the bucket's.
-    got = gs.record_ensemble(
-        TERM,
-        gs.Tsit5(),
-        0.0,
-        1.0,
-        None,
-        Y0S,
-        PARAMS,
-        args_axes=0,
-        stepsize_controller=CTRL,
-    )
-    want = jax.vmap(_record_one)(Y0S, PARAMS).trim()
-    assert got.ts.shape[1] == 4097 and got.length == want.max_steps
-    _assert_identical(got, want)
+    got = _record_ensemble()
+    assert got.ts.shape[1] == 4097 and got.length == mesh.max_steps
+    _assert_identical(got, mesh)
