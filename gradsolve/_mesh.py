@@ -70,7 +70,8 @@ class RecordedMesh(eqx.Module):
 
     - `ts`: the step boundaries in the caller's time, `ts[0] = t0`, then the end of
         each accepted step; after the last accepted step the final time is repeated,
-        so padded steps have zero length and replay as no-ops.
+        so padded steps have zero length and replay as no-ops. (A replay takes the
+        first `max_steps`; more follow in a mesh trimmed without a copy.)
     - `num_steps`: the number of accepted steps.
     - `step_starts`: the start of each step, recorded only when the controller had
         `jump_ts` (a step after a jump starts just after the previous step's end);
