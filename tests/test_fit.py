@@ -41,6 +41,8 @@ pytestmark = pytest.mark.filterwarnings("error::gradsolve.StaleMeshWarning")
 N = 16  # experiments; the examples' tests use the same size, so compilations are shared
 # The synthetic data (simulated by Diffrax) and the fits with Diffrax gradients.
 REFERENCES = StoredReferences(__file__)
+# How many iterations more or fewer a converged fit may spend on another CPU.
+FLOOR_ITERATIONS = 4
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,15 @@ def _diffrax_fit(lv_data, jac):
         params, result, iterations, _ = lv.fit_diffrax(*lv_data, jac)
         return params, result_message(optx.RESULTS, result), np.asarray(iterations)
 
-    params, result, iterations = REFERENCES(f"diffrax-fit-{jac}", compute)
+    # Where the optimiser stops on its round-off floor is round-off's choice: on
+    # another CPU the same fit stopped two iterations earlier, with parameters
+    # 2e-10 away (far inside the optimiser's tolerance).
+    params, result, iterations = REFERENCES(
+        f"diffrax-fit-{jac}",
+        compute,
+        rtol=lv.OPTIMISER.rtol,
+        count_slack=FLOOR_ITERATIONS,
+    )
     return params, str(result), int(iterations)
 
 
