@@ -15,8 +15,9 @@ variable `GRADSOLVE_REFERENCES` chooses what happens instead:
 - `recompute`: Diffrax computes the value afresh, it must equal the stored one to
   round-off (or to the tolerance a test gives a value that round-off decides, such
   as where an optimiser stops), and the test runs against the fresh value. The
-  long test `test_references.py` runs every module with stored references this way, so the
-  stored values stay Diffrax's (of the installed version) and never drift;
+  long test `test_references.py` runs every module with stored references this
+  way, so the stored values stay Diffrax's (of the installed version) and never
+  drift;
 - `update`: Diffrax computes the value and it is stored (run a module alone, with
   `-n 0`, after adding or changing a reference).
 
