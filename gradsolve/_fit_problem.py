@@ -194,8 +194,8 @@ def make_problem(
             f"ts must be a 1-d array of observation times; got shape {ts.shape}."
         )
     dtype = jnp.result_type(ts.dtype, float)
-    ts = ts.astype(dtype)
-    t0 = jnp.asarray(t0, dtype)
+    ts = _as_array(ts, dtype)
+    t0 = _as_array(t0, dtype)
     ts_np = np.asarray(ts)
     if not np.all(np.isfinite(ts_np)):
         raise ValueError(
@@ -227,7 +227,7 @@ def make_problem(
             "least one experiment."
         )
     _check_finite_params(params0)
-    y0s = jtu.tree_map(lambda x: jnp.asarray(x, jnp.result_type(x, dtype)), y0s)
+    y0s = jtu.tree_map(lambda x: _as_array(x, jnp.result_type(x, dtype)), y0s)
     if observe is None:
         observe = _identity
     theta0 = params0
@@ -254,38 +254,7 @@ def make_problem(
         # Every evaluation's replay is differentiated: record and replay in the
         # form the solver's steps differentiate fastest in.
         solver = dataclasses.replace(solver, representation=derivative)
-    problem = FitProblem(
-        term=term,
-        solver=solver,
-        y0s=None if fit_y0 else y0s,
-        t0=t0,
-        ts=ts,
-        data=data,
-        sqrt_weights=jnp.ones((), data.dtype),
-        observe=observe,
-        params_axes=params_axes,
-        fit_y0=fit_y0,
-    )
-    theta, y0s_ = problem.split(params0)
-    # One trajectory's shapes (structs: slicing the arrays would run eagerly).
-    row = lambda x: jax.ShapeDtypeStruct(jnp.shape(x)[1:], jnp.result_type(x))
-    one_state = jtu.tree_map(row, y0s_)
-    one_theta = jax.tree.map(
-        lambda axis, p: jtu.tree_map(lambda x: row(x) if axis == 0 else x, p),
-        params_axes,
-        theta,
-        is_leaf=lambda x: x is None,
-    )
-    try:
-        out = jax.eval_shape(observe, one_state, one_theta)
-    except Exception as e:
-        e.add_note("(raised by observe(y, params), traced by gs.fit)")
-        raise
-    if not isinstance(out, jax.ShapeDtypeStruct):
-        raise ValueError(
-            "observe(y, params) must return one array of observables; got "
-            f"{jtu.tree_structure(out)}. Stack the observables into an array."
-        )
+    out = _observed_shape(observe, y0s, theta0, params_axes)
     want = (batch, ts.shape[0]) + out.shape
     if data.shape != want:
         raise ValueError(
@@ -294,10 +263,83 @@ def make_problem(
             f"need data of shape {want}: data[i, j] is trajectory i observed at ts[j]."
         )
     sqrt_weights, data = _weights(weights, data)
-    problem = eqx.tree_at(
-        lambda p: (p.sqrt_weights, p.data), problem, (sqrt_weights, data)
+    problem = FitProblem(
+        term=term,
+        solver=solver,
+        y0s=None if fit_y0 else y0s,
+        t0=t0,
+        ts=ts,
+        data=data,
+        sqrt_weights=sqrt_weights,
+        observe=observe,
+        params_axes=params_axes,
+        fit_y0=fit_y0,
     )
     return _place(problem, params0, batch, sharding)
+
+
+def _as_array(x, dtype) -> Array:
+    """`jnp.asarray(x, dtype)`, without a dispatched conversion when `x` is already
+    such an array (a fit's checks run at every call, before its one program)."""
+    if isinstance(x, jax.Array) and x.dtype == dtype and not x.weak_type:
+        return x  # (a weakly typed one would be another program's input)
+    if isinstance(x, jax.core.Tracer):
+        return jnp.asarray(x, dtype)
+    return jax.device_put(np.asarray(x, dtype))
+
+
+# `observe`'s output shapes, per function and input shapes: tracing it costs a
+# tenth of a small fit, which a refit of the same problem need not pay again.
+_OBSERVED_SHAPES: dict = {}
+_OBSERVED_SHAPES_KEPT = 64
+
+
+def _observed_shape(observe, y0s, theta, params_axes) -> jax.ShapeDtypeStruct:
+    """The shape of `observe(y, params)` for one trajectory's `y` and `params`
+    (raises a `ValueError` unless it returns one array)."""
+    # One trajectory's shapes (structs: slicing the arrays would run eagerly).
+    row = lambda x: jax.ShapeDtypeStruct(jnp.shape(x)[1:], jnp.result_type(x))
+    one_state = jtu.tree_map(row, y0s)
+    one_theta = jax.tree.map(
+        lambda axis, p: jtu.tree_map(lambda x: row(x) if axis == 0 else x, p),
+        params_axes,
+        theta,
+        is_leaf=lambda x: x is None,
+    )
+    key = _shapes_key(observe, one_state, one_theta)
+    out = None if key is None else _OBSERVED_SHAPES.get(key)
+    if out is None:
+        try:
+            out = jax.eval_shape(observe, one_state, one_theta)
+        except Exception as e:
+            e.add_note("(raised by observe(y, params), traced by gs.fit)")
+            raise
+        if key is not None:
+            if len(_OBSERVED_SHAPES) >= _OBSERVED_SHAPES_KEPT:
+                _OBSERVED_SHAPES.pop(next(iter(_OBSERVED_SHAPES)))
+            _OBSERVED_SHAPES[key] = out
+    if not isinstance(out, jax.ShapeDtypeStruct):
+        raise ValueError(
+            "observe(y, params) must return one array of observables; got "
+            f"{jtu.tree_structure(out)}. Stack the observables into an array."
+        )
+    return out
+
+
+def _shapes_key(fn, *trees):
+    """A hashable key of `fn` and the shapes and dtypes of `trees`, or `None` when
+    some part is not hashable (the result is then not kept)."""
+    try:
+        described = []
+        for tree in trees:
+            leaves, treedef = jtu.tree_flatten(tree)
+            shapes = tuple((jnp.shape(x), jnp.result_type(x)) for x in leaves)
+            described.append((treedef, shapes))
+        key = (fn, tuple(described))
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _place(problem: FitProblem, params0, batch: int, sharding):
@@ -351,7 +393,7 @@ def _weights(weights, data):
                 "(an array broadcastable to data's shape) with 0 at those entries to "
                 "leave them out of the fit, or remove them from data."
             )
-        return jnp.ones(data.shape, data.dtype), data
+        return jax.device_put(np.ones(data.shape, data.dtype)), data
     weights = np.asarray(weights, dtype=np.asarray(data).dtype)
     try:
         weights = np.broadcast_to(weights, data.shape)

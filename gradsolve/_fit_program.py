@@ -22,7 +22,7 @@ import optimistix as optx
 from ._fit_problem import FitProblem
 from ._host_call import call_if
 from ._mesh import bucket_length
-from ._short_buffer import SHORT_BUFFER
+from ._short_buffer import SHORT_BUFFER, trim_small
 from ._solver.rosenbrock import AbstractRosenbrock
 
 
@@ -153,12 +153,31 @@ def _structure_key(problem: FitProblem, params, optimiser):
     """What the compiled program depends on besides array values, or `None`."""
     arrays, static = eqx.partition((problem, params, optimiser), eqx.is_array)
     shapes = tuple((x.shape, x.dtype) for x in jax.tree_util.tree_leaves(arrays))
-    key = (jax.tree_util.tree_structure(arrays), static, shapes)
     try:
-        hash(key)
+        return _Key((jax.tree_util.tree_structure(arrays), static, shapes))
     except TypeError:  # an unhashable static part: no reuse across fits
         return None
-    return key
+
+
+class _Key:
+    """A dictionary key hashed once (hashing a problem's static parts, Equinox
+    modules among them, costs a few hundredths of a millisecond each time)."""
+
+    __slots__ = ("key", "hash")
+
+    def __init__(self, key):
+        self.key = key
+        self.hash = hash(key)
+
+    def __hash__(self):
+        return self.hash
+
+    def __eq__(self, other):
+        return (
+            isinstance(other, _Key)
+            and self.hash == other.hash
+            and (self.key == other.key)
+        )
 
 
 def buffer_length(key, longest: int, max_steps: int) -> int:
@@ -218,6 +237,8 @@ def fit_per_evaluation(
             if key is not None:
                 _LENGTHS[key] = max(length, _LENGTHS.get(key, 0))
             at, norm, mesh, recorded = evaluation
+            # One read of the scalars the host needs (each read is a transfer).
+            recorded, iterations, norm = jax.device_get((recorded, iterations, norm))
             if not _equal(at, value):
                 # An optimiser whose state holds no evaluation: the mesh recorded
                 # again, the norm that of the accepted step before.
@@ -225,7 +246,7 @@ def fit_per_evaluation(
                     problem, value, controller, dt0, max_steps
                 )
                 recorded, recordings = mesh is not None, recordings + again
-            mesh = mesh.trim() if bool(recorded) else None
+            mesh = trim_small(mesh) if bool(recorded) else None
             return value, result, int(iterations), float(norm), mesh, recordings
         if length >= max_steps:
             break

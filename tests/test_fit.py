@@ -327,6 +327,37 @@ def test_bad_input_gets_a_clear_error(lv_data, change, match):
     assert not FIT_PROGRAMS & set(names)
 
 
+def test_observables_shape_is_kept_per_input_shapes_and_still_checked(lv_data):
+    # The shape of `observe`'s output is kept per function and input shapes: a
+    # refit on new data of that shape does not trace it again, data of another
+    # shape is still an error, and another state shape is checked on its own.
+    from gradsolve._fit_problem import make_problem
+
+    traces = []
+
+    def every_other(y, p):
+        traces.append(None)
+        return y[::2]  # the prey alone for Lotka-Volterra's two populations
+
+    y0s, ts, data = lv_data
+
+    def problem(data, y0s=y0s):
+        return make_problem(gs.ODETerm(lv.lotka_volterra), gs.Tsit5(), lv.GUESS, y0s,
+                            ts, data, observe=every_other, weights=None, t0=0.0,
+                            params_axes=None, fit_y0=False)  # fmt: skip
+
+    problem(data[..., :1])
+    problem(2 * data[..., :1])
+    assert len(traces) == 1
+    with pytest.raises(ValueError, match=r"data has shape .* need data of shape"):
+        problem(data)
+    # Another state shape is another trace, with its own check.
+    want = rf"need data of shape \({N}, {len(ts)}, 2\)"
+    with pytest.raises(ValueError, match=want):
+        problem(data[..., :1, :1], y0s=jnp.concatenate([y0s, y0s], axis=1))
+    assert len(traces) == 2
+
+
 def test_diverging_fit_returns_a_result_code():
     # y' = p y^2 from y(0) = 1 blows up at t = 1/p: no solution reaches t = 2.
     def blow_up(t, y, p):
