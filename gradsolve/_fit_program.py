@@ -151,10 +151,10 @@ _LENGTHS: dict = {}
 
 def _structure_key(problem: FitProblem, params, optimiser):
     """What the compiled program depends on besides array values, or `None`."""
-    arrays, static = eqx.partition((problem, params, optimiser), eqx.is_array)
-    shapes = tuple((x.shape, x.dtype) for x in jax.tree_util.tree_leaves(arrays))
+    leaves, treedef = jax.tree_util.tree_flatten((problem, params, optimiser))
+    parts = tuple((x.shape, x.dtype) if eqx.is_array(x) else x for x in leaves)
     try:
-        return _Key((jax.tree_util.tree_structure(arrays), static, shapes))
+        return _Key((treedef, parts))
     except TypeError:  # an unhashable static part: no reuse across fits
         return None
 
