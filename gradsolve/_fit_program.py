@@ -212,7 +212,7 @@ def fit_per_evaluation(
     """
     key = _structure_key(problem, params, optimiser)
     recordings = 0
-    length = None if key is None else _LENGTHS.get(key)
+    earlier = length = None if key is None else _LENGTHS.get(key)
     if length is not None:
         # An earlier fit's buffer, but never more steps than this fit allows.
         length = min(length, max_steps)
@@ -234,8 +234,9 @@ def fit_per_evaluation(
         )  # fmt: skip
         jax.effects_barrier()  # every noted overflow has reached the host
         if not _OVERFLOWS[0]:
-            if key is not None:
-                _LENGTHS[key] = max(length, _LENGTHS.get(key, 0))
+            if key is not None and (earlier is None or length > earlier):
+                # (Looked up once: comparing two keys compares their modules.)
+                _LENGTHS[key] = length
             at, norm, mesh, recorded = evaluation
             # One read of the scalars the host needs (each read is a transfer).
             recorded, iterations, norm = jax.device_get((recorded, iterations, norm))
