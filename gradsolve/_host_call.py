@@ -14,7 +14,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 
-def call_if(pred, callback, operand, tree):
+def call_if(pred, callback, operand, tree, batched: bool = False):
     """Return `tree`, after calling `callback(operand)` in Python if `pred`.
 
     **Arguments:**
@@ -22,12 +22,17 @@ def call_if(pred, callback, operand, tree):
     - `pred`: a boolean scalar, the same for the whole `vmap` batch (reduce it with
         `eqxi.unvmap_any` first, so that the `lax.cond` stays a branch).
     - `callback`: called with `operand` as a NumPy value; its return is ignored.
-    - `operand`: an integer scalar, unbatched like `pred`.
+    - `operand`: an integer scalar, unbatched like `pred`; with `batched`, an
+        integer array, batched or not, of which `callback` gets the largest value
+        (reduced on the host, after the condition has held: no reduction in the
+        program). `batched` needs a floating-point leaf in `tree`.
     - `tree`: what the caller returns; its values and derivatives pass unchanged.
     """
     real = lambda x: jnp.issubdtype(x.dtype, jnp.floating)
     floats = [x for x in jtu.tree_leaves(tree) if real(x)]
     if not floats:
+        if batched:
+            raise ValueError("call_if(batched=True) needs a floating-point leaf.")
         # Nothing to tie the call to (a complex product with one is not exact when
         # a part is infinite): an effect, and JAX's slower dispatch.
         call = lambda x: jax.debug.callback(lambda v: callback(np.asarray(v)), x)
@@ -36,9 +41,13 @@ def call_if(pred, callback, operand, tree):
     dtype = jnp.result_type(*floats)
     one = jax.ShapeDtypeStruct((), dtype)
 
+    # Under `vmap` the callback gets the batch too (`broadcast_all`), and returns
+    # one factor per batch element: the axes `value` has beyond the operand's own.
+    own_axes = jnp.ndim(operand)
+
     def host(value):
         callback(np.asarray(np.max(value)))
-        return np.ones((), dtype)
+        return np.ones(np.shape(value)[: np.ndim(value) - own_axes], dtype)
 
     def call(x):
         return jax.pure_callback(host, one, x, vmap_method="broadcast_all")

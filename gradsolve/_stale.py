@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 
 from ._host_call import call_if
-from ._unbatched import batch_max_int
 
 
 STALE_OPTIONS = ("warn", "error", "ignore")
@@ -57,11 +56,12 @@ def check_stale(tree, max_ratio, stale: str):
     if stale == "error":
         return eqx.error_if(tree, is_stale, _ERROR)
     any_stale = eqxi.unvmap_any(jnp.any(is_stale))
-    # The decade of the worst ratio, reduced without `unvmap_max` (see `_unbatched`).
+    # The decade of each ratio; the warning names the largest (a reduction over the
+    # whole batch is the callback's, on the host: reduced in the program, a `vmap`
+    # batch takes one reduction per bit, see `_unbatched`, in every replay).
     ratio = jnp.where(jnp.isnan(ratio), jnp.inf, ratio)
     decade = jnp.clip(jnp.ceil(jnp.log10(jnp.maximum(ratio, 1))), 0, 400)
-    decade = batch_max_int(decade.astype(jnp.int32), bits=9)
-    return call_if(any_stale, _warn, decade, tree)
+    return call_if(any_stale, _warn, decade.astype(jnp.int32), tree, batched=True)
 
 
 def scaled_error(norm, rtol, atol, as_tree, y0, y1, y_error):

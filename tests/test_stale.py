@@ -124,6 +124,34 @@ def test_one_warning_for_an_ensemble():
         jax.block_until_ready(fresh.ys)
 
 
+def test_warning_names_the_worst_trajectory():
+    """Of several stale trajectories, the warning gives the decade of the largest
+    error ratio, batched mesh or user's vmap, inside `jit` too."""
+    scales = jnp.array([1.0, 1.15, 1.0, 1.6])  # two stale, by different amounts
+    argss = LV.args * scales[:, None]
+    mesh = jax.vmap(_mesh)(jnp.stack([LV.args] * 4))
+    y0s = jnp.stack([LV.y0] * 4)
+    one = jax.vmap(lambda m, y, a: gs.replay(m, TERM, gs.Tsit5(), y, a))
+    replays = {
+        "batched": lambda a: gs.replay(mesh, TERM, gs.Tsit5(), y0s, a, args_axes=0),
+        "vmap": lambda a: one(mesh, y0s, a),
+    }
+    for name, replay in replays.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            sol = jax.jit(replay)(argss)
+            jax.block_until_ready(sol.ys)
+        ratios = np.asarray(sol.stats["max_error_ratio"])
+        assert (ratios > 1).tolist() == [False, True, False, True], name
+        assert 1 < ratios[1] < ratios[3] < np.inf, name
+        # Apart by a decade or more, so the message tells them apart.
+        worst = int(np.ceil(np.log10(ratios[3])))
+        assert worst > int(np.ceil(np.log10(ratios[1]))), name
+        stale = [w for w in caught if issubclass(w.category, gs.StaleMeshWarning)]
+        assert len(stale) == 1, name
+        assert f"up to 1e{worst} times" in str(stale[0].message), name
+
+
 def _lorenz(t, y, p):
     sigma, rho, beta = p
     return jnp.stack(
