@@ -259,7 +259,7 @@ def throw_in_graph(out, result, max_steps, valid, t_reached, t0, t1):
         2 + percent,
         jnp.where(result == diffrax.RESULTS.dt_min_reached, 1, 0),
     )
-    index = batch_max_int(jnp.where(failed, index, 0), bits=7)
+    index = batch_max_int(jnp.where(failed, index, 0))
     messages = [
         "The solve failed; inspect sol.result with throw=False.",
         "The step size fell below dtmin (PIDController(force_dtmin=False)). Lower "

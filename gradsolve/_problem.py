@@ -131,7 +131,7 @@ def raise_first(tree, checks: list):
         return tree
     failed = jnp.stack([jnp.any(bad) for bad, _ in checks])
     # Unbatched before Equinox reduces it (see `_unbatched`: an empty ensemble).
-    index = batch_max_int(jnp.argmax(failed), bits=len(checks).bit_length())
+    index = batch_max_int(jnp.argmax(failed))
     return eqx.branched_error_if(tree, jnp.any(failed), index, [m for _, m in checks])
 
 

@@ -2,23 +2,32 @@
 
 `eqx.branched_error_if` reduces a batched message index with `unvmap_max`, which is a
 `jnp.max` without an initial value: it fails to trace for an empty ensemble (`vmap`
-over 0 trajectories), in Diffrax as here. An index made unbatched first, with
-`unvmap_any` only (which is defined on an empty batch), avoids that.
+over 0 trajectories), in Diffrax as here. An index made unbatched first, with a
+maximum that starts from 0, avoids that.
 """
 
-import equinox.internal as eqxi
 import jax.numpy as jnp
+from jax.custom_batching import custom_vmap
 
 
-def batch_max_int(x, bits: int):
-    """The largest value of the non-negative integer `x` (`< 2**bits`) over every
-    array axis and every `vmap` batch, as an unbatched scalar; 0 for an empty batch.
+@custom_vmap
+def _max_from_zero(x):
+    return jnp.max(x, initial=0)
 
-    Built bit by bit from the top with `unvmap_any`, so it is exact.
+
+@_max_from_zero.def_vmap
+def _max_over_batch(axis_size, in_batched, x):
+    # The batch axis is reduced here (0 for an empty batch), the array axes and any
+    # outer batch by the call it makes: one reduction per level, unbatched result.
+    (batched,) = in_batched
+    return _max_from_zero(jnp.max(x, axis=0, initial=0) if batched else x), False
+
+
+def batch_max_int(x):
+    """The largest value of the non-negative integer `x` over every array axis and
+    every `vmap` batch, as an unbatched scalar; 0 for an empty batch.
+
+    One reduction per batch level (a bit-by-bit search with `unvmap_any` took one
+    reduction per bit, a third of a small solve's XLA compile time).
     """
-    x = jnp.asarray(x).astype(jnp.int32)
-    best = jnp.array(0, dtype=jnp.int32)
-    for bit in reversed(range(bits)):
-        candidate = best | (1 << bit)
-        best = jnp.where(eqxi.unvmap_any(jnp.any(x >= candidate)), candidate, best)
-    return best
+    return _max_from_zero(jnp.asarray(x).astype(jnp.int32))
