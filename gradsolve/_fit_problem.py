@@ -297,9 +297,19 @@ def _constant(value: int | float, dtype: np.dtype) -> Array:
     return jax.device_put(np.asarray(value, dtype))
 
 
-@functools.lru_cache(maxsize=16)
 def _ones(shape: tuple, dtype: np.dtype) -> Array:
-    """An array of ones on the device, made once per shape and dtype."""
+    """An array of ones on the device, made once per shape and dtype when small
+    (a large one costs little next to its fit, and is not kept alive)."""
+    if math.prod(shape) > _ONES_KEPT_ENTRIES:
+        return jax.device_put(np.ones(shape, dtype))
+    return _small_ones(shape, dtype)
+
+
+_ONES_KEPT_ENTRIES = 1 << 16
+
+
+@functools.lru_cache(maxsize=8)
+def _small_ones(shape: tuple, dtype: np.dtype) -> Array:
     return jax.device_put(np.ones(shape, dtype))
 
 
