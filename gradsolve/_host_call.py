@@ -8,6 +8,7 @@ the output is multiplied by, it is not removed as unused (XLA cannot know the
 factor, and multiplying by one changes no value, not even the sign of a zero).
 """
 
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
@@ -50,7 +51,10 @@ def call_if(pred, callback, operand, tree, batched: bool = False):
         return np.ones(np.shape(value)[: np.ndim(value) - own_axes], dtype)
 
     def call(x):
-        return jax.pure_callback(host, one, x, vmap_method="broadcast_all")
+        factor = jax.pure_callback(host, one, x, vmap_method="broadcast_all")
+        # One factor for the whole batch, as the operand's was: `tree` keeps its
+        # own batching (an unbatched leaf stays unbatched under `vmap`).
+        return jnp.where(eqxi.unvmap_any(factor != 1), jnp.nan, 1).astype(dtype)
 
     factor = jax.lax.cond(pred, call, lambda x: jnp.ones((), dtype), operand)
 

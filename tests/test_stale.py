@@ -152,6 +152,20 @@ def test_warning_names_the_worst_trajectory():
         assert f"up to 1e{worst} times" in str(stale[0].message), name
 
 
+def test_check_keeps_shared_times_unbatched():
+    """Under `vmap` over `args` the check leaves what is shared by the batch
+    unbatched (the save times), stale or not."""
+    mesh = _mesh()
+    saveat = gs.SaveAt(ts=jnp.linspace(0.0, 6.0, 4))
+
+    def times(args):
+        return gs.replay(mesh, TERM, gs.Tsit5(), LV.y0, args, saveat=saveat).ts
+
+    with pytest.warns(gs.StaleMeshWarning):
+        ts = jax.vmap(times, out_axes=None)(jnp.stack([LV.args, 1.6 * LV.args]))
+    np.testing.assert_allclose(ts, saveat.subs.ts)
+
+
 def _lorenz(t, y, p):
     sigma, rho, beta = p
     return jnp.stack(
