@@ -173,11 +173,8 @@ class _Key:
         return self.hash
 
     def __eq__(self, other):
-        return (
-            isinstance(other, _Key)
-            and self.hash == other.hash
-            and (self.key == other.key)
-        )
+        same = isinstance(other, _Key) and self.hash == other.hash
+        return same and self.key == other.key
 
 
 def buffer_length(key, longest: int, max_steps: int) -> int:

@@ -56,9 +56,8 @@ def check_stale(tree, max_ratio, stale: str):
     if stale == "error":
         return eqx.error_if(tree, is_stale, _ERROR)
     any_stale = eqxi.unvmap_any(jnp.any(is_stale))
-    # The decade of each ratio; the warning names the largest (a reduction over the
-    # whole batch is the callback's, on the host: reduced in the program, a `vmap`
-    # batch takes one reduction per bit, see `_unbatched`, in every replay).
+    # The decade of each ratio: the callback names the largest, reduced on the host
+    # when the warning fires (no reduction over the batch in every replay).
     ratio = jnp.where(jnp.isnan(ratio), jnp.inf, ratio)
     decade = jnp.clip(jnp.ceil(jnp.log10(jnp.maximum(ratio, 1))), 0, 400)
     return call_if(any_stale, _warn, decade.astype(jnp.int32), tree, batched=True)
