@@ -286,35 +286,32 @@ def _as_array(x, dtype) -> Array:
     if isinstance(x, jax.core.Tracer):
         return jnp.asarray(x, dtype)
     if isinstance(x, int | float) and not isinstance(x, bool):
-        return _constant(x, np.dtype(dtype))
+        return _filled(x, (), np.dtype(dtype))
     return jax.device_put(np.asarray(x, dtype))
-
-
-@functools.lru_cache(maxsize=64)
-def _constant(value: int | float, dtype: np.dtype) -> Array:
-    """A Python number as an array on the device, made once per value (arrays are
-    immutable; putting one on the device costs a tenth of a small fit's host work)."""
-    return jax.device_put(np.asarray(value, dtype))
 
 
 def _ones(shape: tuple, dtype: np.dtype) -> Array:
     """An array of ones on the device, made once per shape and dtype when small
     (a large one costs little next to its fit, and is not kept alive)."""
-    if math.prod(shape) > _ONES_KEPT_ENTRIES:
+    if math.prod(shape) > _FILLED_KEPT_ENTRIES:
         return jax.device_put(np.ones(shape, dtype))
-    return _small_ones(shape, dtype)
+    return _filled(1, shape, dtype)
 
 
-_ONES_KEPT_ENTRIES = 1 << 16
+_FILLED_KEPT_ENTRIES = 1 << 16
 
 
-@functools.lru_cache(maxsize=8)
-def _small_ones(shape: tuple, dtype: np.dtype) -> Array:
-    return jax.device_put(np.ones(shape, dtype))
+@functools.lru_cache(maxsize=16)
+def _filled(value: int | float, shape: tuple, dtype: np.dtype) -> Array:
+    """An array of `value` on the device, made once per value, shape and dtype
+    (arrays are immutable; putting one on the device costs a tenth of a small fit's
+    host work)."""
+    return jax.device_put(np.full(shape, value, dtype))
 
 
-# `observe`'s output shapes, per function and input shapes: tracing it costs a
-# tenth of a small fit, which a refit of the same problem need not pay again.
+# `observe`'s output shapes, per function and input shapes: `jax.eval_shape` costs
+# a tenth of a small fit's host work even when JAX has the trace cached, which a
+# refit of the same problem need not pay again.
 _OBSERVED_SHAPES: dict = {}
 _OBSERVED_SHAPES_KEPT = 64
 
