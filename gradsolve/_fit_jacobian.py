@@ -41,46 +41,79 @@ def block_mode(residuals: int, params, in_axes) -> str:
     return "fwd" if sum(jtu.tree_leaves(sizes)) <= residuals else "bwd"
 
 
-def _jacobian(fn, mode):
-    """`(params, *inputs) -> (jacobian, fn(params, *inputs))`, one primal pass."""
-    if mode == "fwd":
+def _blocks_fwd(fn, in_axes, vmap_axes, split):
+    """`(params, *inputs) -> (blocks, residuals)` for the ensemble in forward mode,
+    one primal pass.
 
-        def jac_fwd(p, *inputs):
-            f = lambda q: fn(q, *inputs)
-            flat, unravel = _ravel(p)
-            basis = jnp.eye(flat.size, dtype=flat.dtype)
-            push = lambda t: jax.jvp(f, (p,), (unravel(t),))
-            out, cols = jax.vmap(push, out_axes=(None, -1))(basis)
-            return _split_columns(cols, p), out
+    One tangent per entry that a trajectory depends on (the shared entries and its
+    own), pushed through every trajectory at once: the tangents are the outer batch
+    and the trajectories the inner one, so the steps' arrays hold a tangent's values
+    for all trajectories side by side (with the trajectories outside, every array
+    had the few tangents of one trajectory side by side, which XLA vectorises
+    worse: FitzHugh-Nagumo's 32 x 3 blocks 1.58 ms against 1.36 ms).
+    """
 
-        return jac_fwd
-    if mode == "bwd":
+    def blocks(params, *inputs):
+        one = _one_trajectory(params, in_axes)
+        unravel = _unravel(one)
+        sizes = [math.prod(x.shape) for x in jtu.tree_leaves(one)]
+        basis = jnp.eye(sum(sizes), dtype=jnp.result_type(*jtu.tree_leaves(one)))
 
-        def jac_bwd(p, *inputs):
-            out, pull = jax.vjp(lambda q: fn(q, *inputs), p)
-            basis = jnp.eye(out.size, dtype=out.dtype).reshape((out.size,) + out.shape)
-            (rows,) = jax.vmap(pull)(basis)
-            # rows: leaves of shape (out.size,) + leaf.shape -> out.shape + leaf.shape
-            return jtu.tree_map(lambda r: r.reshape(out.shape + r.shape[1:]), rows), out
+        def push(direction, p, *inputs_i):
+            return jax.jvp(lambda q: fn(q, *inputs_i), (p,), (unravel(direction),))
 
-        return jac_bwd
-    raise ValueError(f'mode must be "fwd" or "bwd"; got {mode!r}.')
+        def push_all(direction):
+            run = ensemble_map(push, (None,) + vmap_axes, split)
+            return run(direction, params, *inputs)
+
+        out, cols = jax.vmap(push_all, out_axes=(None, -1))(basis)
+        return _split_columns(cols, one), out
+
+    return blocks
 
 
-def _ravel(tree):
+def _one_trajectory(params, in_axes):
+    """The shapes and dtypes of `params` as one trajectory sees them: a shared leaf
+    whole, a per-trajectory leaf without its leading axis."""
+
+    def one(axis, subtree):
+        def leaf(x):
+            shape = jnp.shape(x) if axis is None else jnp.shape(x)[1:]
+            return jax.ShapeDtypeStruct(shape, jnp.result_type(x))
+
+        return jtu.tree_map(leaf, subtree)
+
+    # `in_axes` is a prefix of `params`, as for `jax.vmap`.
+    return jtu.tree_map(one, in_axes, params, is_leaf=lambda x: x is None)
+
+
+def _blocks_bwd(fn):
+    """`(params, *inputs) -> (block, residuals)` of one trajectory in reverse mode:
+    one cotangent per residual, one primal pass."""
+
+    def jac_bwd(p, *inputs):
+        out, pull = jax.vjp(lambda q: fn(q, *inputs), p)
+        basis = jnp.eye(out.size, dtype=out.dtype).reshape((out.size,) + out.shape)
+        (rows,) = jax.vmap(pull)(basis)
+        # rows: leaves of shape (out.size,) + leaf.shape -> out.shape + leaf.shape
+        return jtu.tree_map(lambda r: r.reshape(out.shape + r.shape[1:]), rows), out
+
+    return jac_bwd
+
+
+def _unravel(tree):
+    """The inverse of flattening `tree`'s leaves (shapes) into one vector."""
     leaves, treedef = jtu.tree_flatten(tree)
-    shapes = [x.shape for x in leaves]
-    sizes = [math.prod(s) for s in shapes]
-    flat = jnp.concatenate([jnp.ravel(x) for x in leaves])
 
     def unravel(v):
         parts, start = [], 0
-        for shape, size in zip(shapes, sizes):
-            parts.append(v[start : start + size].reshape(shape))
+        for x in leaves:
+            size = math.prod(x.shape)
+            parts.append(v[start : start + size].reshape(x.shape).astype(x.dtype))
             start += size
         return jtu.tree_unflatten(treedef, parts)
 
-    return flat, unravel
+    return unravel
 
 
 def _split_columns(cols, tree):
@@ -132,7 +165,12 @@ def _ensemble_residuals_jvp(
     (params,) = primals
     (t_params,) = tangents
     vmap_axes = (in_axes,) + (0,) * len(inputs)
-    jac, out = ensemble_map(_jacobian(fn, mode), vmap_axes, split)(params, *inputs)
+    if mode == "fwd":
+        jac, out = _blocks_fwd(fn, in_axes, vmap_axes, split)(params, *inputs)
+    elif mode == "bwd":
+        jac, out = ensemble_map(_blocks_bwd(fn), vmap_axes, split)(params, *inputs)
+    else:
+        raise ValueError(f'mode must be "fwd" or "bwd"; got {mode!r}.')
     out = replicated(out, split)
     if t_params is None:
         return out, jnp.zeros_like(out)

@@ -411,6 +411,31 @@ def test_jacobian_blocks_match_autodiff_of_the_ensemble():
     assert block_mode(4, params, in_axes) == "fwd"
 
 
+def test_jacobian_blocks_with_axes_for_whole_subtrees():
+    # `in_axes` a prefix of the parameters, as gs.fit passes it when it fits initial
+    # states: shared parameters (a dict) and per-trajectory states (an array).
+    from gradsolve._fit_jacobian import ensemble_residuals
+
+    def fn(p, x):
+        theta, y0 = p
+        return jnp.cos(theta["a"] * x) * y0[0] + theta["b"] * y0[1] * x
+
+    key_x, key_y = jax.random.split(jax.random.PRNGKey(4))
+    x = jax.random.normal(key_x, (4, 6))
+    params = (
+        {"a": jnp.array(0.7), "b": jnp.array(-1.3)},
+        jax.random.normal(key_y, (4, 2)),
+    )
+    in_axes = (None, 0)
+    expected = jax.jacfwd(jax.vmap(fn, in_axes=(in_axes, 0)))(params, x)
+    for mode in ("fwd", "bwd"):
+        f = lambda p: ensemble_residuals(
+            p, fn=fn, in_axes=in_axes, inputs=(x,), mode=mode
+        )
+        got = jax.jacfwd(f)(params)
+        jax.tree.map(np.testing.assert_allclose, got, expected)
+
+
 def test_optimistix_materialises_the_jacobian_in_fewer_passes(lv_data):
     # Assembled from blocks, the Jacobian is the same either way: Optimistix gets
     # the direction with fewer passes, tangents per entry of the fit variable or
