@@ -5,8 +5,9 @@
 
 With meshes recorded at every evaluation (`gs.fit`'s default for least squares), an
 evaluation is a recording of the ensemble and the forward-mode Jacobian blocks of
-the replays over it (`jax.jacfwd` of each trajectory's values at the observation
-times, the replay running only the recorded steps). This times the two apart on
+the replays over it (each trajectory's values at the observation times
+differentiated in forward mode, one tangent per parameter pushed through the whole
+ensemble, the replay running only the recorded steps). This times the two apart on
 `benchmarks/fit_problems.py`'s FitzHugh-Nagumo fit at its initial guess, next to
 what one evaluation of the Diffrax fit costs: the same blocks through
 `diffrax.diffeqsolve` with `diffrax.ForwardMode()`. Timed with the benchmarks'
@@ -60,7 +61,10 @@ def main():
     def voltage(p, y0, m):
         return replay_values(m, term, solver, y0, p, ts, True)[:, 0]
 
-    blocks = jax.jit(jax.vmap(jax.jacfwd(voltage), in_axes=(None, 0, 0)))
+    # As gs.fit assembles them (`_fit_jacobian.py`): one tangent per parameter,
+    # pushed through every trajectory at once.
+    ensemble = lambda p, *inputs: jax.vmap(voltage, in_axes=(None, 0, 0))(p, *inputs)
+    blocks = jax.jit(jax.jacfwd(ensemble))
 
     def diffrax_voltage(p, y0):
         sol = diffrax.diffeqsolve(
@@ -70,7 +74,10 @@ def main():
         )  # fmt: skip
         return sol.ys[:, 0]
 
-    diffrax_blocks = jax.jit(jax.vmap(jax.jacfwd(diffrax_voltage), in_axes=(None, 0)))
+    diffrax_ensemble = lambda p, y0s: jax.vmap(diffrax_voltage, in_axes=(None, 0))(
+        p, y0s
+    )
+    diffrax_blocks = jax.jit(jax.jacfwd(diffrax_ensemble))
     # In this order, so that the first call of each (its compilation) comes first
     # and the blocks replay the mesh just recorded.
     tasks = {
