@@ -20,6 +20,7 @@ from ._components import (
     struct_of,
     trajectory_struct,
 )
+from ._unbatched import batched_like
 
 
 def _split_args(args):
@@ -37,6 +38,19 @@ def _split_args(args):
         else:
             inputs.append(x)
     return static, treedef, structs, inputs
+
+
+def batched_like_elements(args, refs):
+    """`args` with the leaves that `_split_args` splits into elements batched like
+    `refs` under `vmap` (`_unbatched.batched_like`); the other leaves as they are (a
+    large weight matrix copied per trajectory would cost more than it saves)."""
+    splits = lambda x: (
+        eqx.is_array(x)
+        and jnp.issubdtype(x.dtype, jnp.inexact)
+        and 0 < x.size <= MAX_COMPONENTS
+    )
+    small, rest = eqx.partition(args, splits)
+    return eqx.combine(batched_like(small, refs), rest)
 
 
 def args_from_elements(static, treedef, structs, elements) -> tuple:

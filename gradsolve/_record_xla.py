@@ -8,24 +8,11 @@ import jax
 import jax.numpy as jnp
 
 from ._solver.interpolation import combine, normalised_time
+from ._unbatched import batched_like
 
 
 def _where(pred, new, old):
     return [jnp.where(pred, a, b) for a, b in zip(new, old)]
-
-
-def _batched_as(carry, refs):
-    """`carry`, its values unchanged, batched under `vmap` wherever one of `refs` is.
-
-    `vmap` of a while loop finds which carries are batched by a fixed point, one
-    trace of the body per round: a carry that starts unbatched (a counter) but
-    becomes batched costs a round, ~0.08 s for a small field. A loop over a batched
-    state ends per trajectory, so every carry ends up batched anyway.
-    """
-    never = jnp.array(False)
-    for r in refs:
-        never = never | (jnp.any(jnp.isnan(r)) & False)
-    return jax.tree_util.tree_map(lambda x: jnp.where(never, x, x), carry)
 
 
 def _set_if(buffer, index, value, pred):
@@ -242,7 +229,9 @@ def xla_loop(
     # As `running`, whose result test would be an eager program here: the result
     # starts successful.
     carry["active"] = (ti0 < ti1) & (max_steps > 0)
-    carry = _batched_as(carry, [lane["tnext"], *y, *carry.get("f_fsal", [])])
+    # A loop over a batched state ends per trajectory, so every carry ends up
+    # batched anyway: batched from the start, `vmap` traces the body once.
+    carry = batched_like(carry, [lane["tnext"], *y, *carry.get("f_fsal", [])])
     c = jax.lax.while_loop(cond_fn, body_fn, carry)
     return c, every
 

@@ -1,4 +1,5 @@
-"""Reductions over a `jax.vmap` batch that also work when the batch is empty.
+"""Values across a `jax.vmap` batch: reductions that also work when the batch is
+empty, and values made batched where a batch of trajectories is.
 
 `eqx.branched_error_if` reduces a batched message index with `unvmap_max`, which is a
 `jnp.max` without an initial value: it fails to trace for an empty ensemble (`vmap`
@@ -6,6 +7,7 @@ over 0 trajectories), in Diffrax as here. An index made unbatched first, with a
 maximum that starts from 0, avoids that.
 """
 
+import jax
 import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
@@ -31,3 +33,20 @@ def batch_max_int(x):
     reduction per bit, a third of a small solve's XLA compile time).
     """
     return _max_from_zero(jnp.asarray(x).astype(jnp.int32))
+
+
+def batched_like(tree, refs):
+    """`tree`, its values unchanged, batched under `vmap` wherever one of `refs` is.
+
+    Where a batch is differentiated from outside its `vmap` (`jax.grad` of a loss
+    over `jax.vmap` of a replay), the cotangent of an unbatched value that a batched
+    loop reads is summed over the batch at every step, inside the loop: a reduction
+    per step and per value. Made batched before the loop, each trajectory
+    accumulates its own cotangent, and the sum over the batch is taken once, after
+    the loop. (Also the fixed point of `vmap` over a while loop: a carry that starts
+    unbatched but becomes batched costs a trace of the body.)
+    """
+    never = jnp.array(False)
+    for r in refs:
+        never = never | (jnp.any(jnp.isnan(r)) & False)
+    return jax.tree_util.tree_map(lambda x: jnp.where(never, x, x), tree)

@@ -82,3 +82,64 @@ def test_batched_replay_checks_sizes():
         assert "4 trajectories" in str(e) and "leading axis" in str(e)
     else:
         raise AssertionError("a y0 batch of the wrong size must be refused")
+
+
+def _loop_reductions(jaxpr, inside=False) -> int:
+    """How many `reduce_sum`s the loops (`scan`, `while`) of `jaxpr` hold."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        if inside and eqn.primitive.name == "reduce_sum":
+            count += 1
+        loop = eqn.primitive.name in ("scan", "while")
+        for sub in jax.core.jaxprs_in_params(eqn.params):
+            count += _loop_reductions(sub, inside or loop)
+    return count
+
+
+def test_gradient_with_respect_to_shared_parameters():
+    # jax.grad of a loss over a batched replay, with respect to parameters that every
+    # trajectory shares: Diffrax's gradient, each trajectory's cotangent accumulated
+    # on its own and summed over the batch once, after the loop over steps (not a
+    # sum over the batch at every step).
+    problem = PROBLEMS["lotka_volterra"]
+    term = diffrax.ODETerm(problem.f)
+    n = 8
+    y0s = problem.y0 * (1 + 0.1 * jnp.arange(n)[:, None])
+    mesh = gs.record_ensemble(
+        term, gs.Tsit5(), 0.0, 6.0, None, y0s, problem.args, stepsize_controller=CTRL
+    )
+
+    def loss(args):
+        return jnp.sum(gs.replay(mesh, term, gs.Tsit5(), y0s, args).ys ** 2)
+
+    def per_trajectory_loss(args):  # the same, with a copy of args per trajectory
+        copies = jnp.broadcast_to(args, (n,) + args.shape)
+        sol = gs.replay(mesh, term, gs.Tsit5(), y0s, copies, args_axes=0)
+        return jnp.sum(sol.ys**2)
+
+    def diffrax_loss(args):
+        def one(y0):
+            sol = diffrax.diffeqsolve(
+                term,
+                diffrax.Tsit5(),
+                0.0,
+                6.0,
+                None,
+                y0,
+                args,
+                stepsize_controller=CTRL,
+            )
+            return jnp.sum(sol.ys**2)
+
+        return jnp.sum(jax.vmap(one)(y0s))
+
+    grad = jax.grad(loss)(problem.args)
+    np.testing.assert_allclose(
+        grad, jax.grad(per_trajectory_loss)(problem.args), rtol=1e-13
+    )
+    want = REFERENCES(
+        "lotka-volterra-shared-parameters-gradient",
+        lambda: jax.jit(jax.grad(diffrax_loss))(problem.args),
+    )
+    np.testing.assert_allclose(grad, want, rtol=1e-9)
+    assert _loop_reductions(jax.make_jaxpr(jax.grad(loss))(problem.args).jaxpr) == 0
