@@ -53,6 +53,27 @@ def batched_like_elements(args, refs):
     return eqx.combine(batched_like(small, refs), rest)
 
 
+def batched_like_inputs(f, args, t, y, refs) -> tuple[Callable, object]:
+    """`(field, args)`: the vector field `f(t, y, args)` and its `args`, with the
+    arrays `f` closes over made part of `args`, and the small floating-point leaves
+    of both batched like `refs` (`batched_like_elements`).
+
+    Parameters are as often closed over by the field (`lambda t, y, args: -k * y`
+    inside a loss of `k`) as passed in `args`: either way each trajectory reads its
+    own elements, and a gradient with respect to them is summed over the batch
+    once, not at every step. `t`, `y` are examples of the field's arguments."""
+    converted = eqx.filter_closure_convert(f, t, y, args)
+    consts, static = eqx.partition(converted, eqx.is_array)
+    if not jtu.tree_leaves(consts):
+        return f, batched_like_elements(args, refs)
+
+    def field(t, y, args_and_consts):
+        args, consts = args_and_consts
+        return eqx.combine(consts, static)(t, y, args)
+
+    return field, batched_like_elements((args, consts), refs)
+
+
 def args_from_elements(static, treedef, structs, elements) -> tuple:
     """The `(static, treedef, structs, inputs)` of `_split_args`, for `args` whose
     array leaves are already given element by element (`elements[i]` lists the

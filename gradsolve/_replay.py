@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from diffrax._saveat import save_y as _save_y  # the default SaveAt fn
 
-from ._component_field import batched_like_elements
+from ._component_field import batched_like_inputs
 from ._controller import NORMS, scaled_error as component_scaled_error
 from ._mesh import RecordedMesh
 from ._mesh_checks import check_batch, check_complete, check_state, error_if_incomplete
@@ -73,12 +73,14 @@ def replay_one(
     # A small state is stepped as a list of scalar components (see `_components.py`).
     representation = Representation(y0, problem, solver.representation, t_first)
     if representation.layout is not None:
-        # The field reads these `args` element by element: each trajectory of a
+        # The field reads its parameters element by element: each trajectory of a
         # batch gets its own elements, whose cotangents it accumulates alone (see
         # `batched_like`; a Lorenz gradient over 1,024 trajectories with respect to
         # shared parameters took 27 ms with them shared, 11 ms so).
-        args = batched_like_elements(args, [*y0, t_first])
-        problem = LeafProblem(f=problem.f, args=args, treedef=problem.treedef)
+        f, args = batched_like_inputs(
+            problem.f, args, t_first, problem.tree(y0), [*y0, t_first]
+        )
+        problem = LeafProblem(f=f, args=args, treedef=problem.treedef)
     vf = representation.field(problem)
     to_comps, to_leaves = representation.split, representation.merge
     # `SaveAt(ts)` on components interpolates from the stages of the save times'

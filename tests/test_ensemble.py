@@ -2,6 +2,7 @@
 
 import diffrax
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 
@@ -91,16 +92,17 @@ def _loop_reductions(jaxpr, inside=False) -> int:
         if inside and eqn.primitive.name == "reduce_sum":
             count += 1
         loop = eqn.primitive.name in ("scan", "while")
-        for sub in jax.core.jaxprs_in_params(eqn.params):
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
             count += _loop_reductions(sub, inside or loop)
     return count
 
 
 def test_gradient_with_respect_to_shared_parameters():
     # jax.grad of a loss over a batched replay, with respect to parameters that every
-    # trajectory shares: Diffrax's gradient, each trajectory's cotangent accumulated
-    # on its own and summed over the batch once, after the loop over steps (not a
-    # sum over the batch at every step).
+    # trajectory shares (passed in args, or closed over by the field): Diffrax's
+    # gradient, each trajectory's cotangent accumulated on its own and summed over
+    # the batch once, after the loop over steps (not a sum over the batch at every
+    # step).
     problem = PROBLEMS["lotka_volterra"]
     term = diffrax.ODETerm(problem.f)
     n = 8
@@ -133,13 +135,19 @@ def test_gradient_with_respect_to_shared_parameters():
 
         return jnp.sum(jax.vmap(one)(y0s))
 
+    def closure_loss(args):  # the parameters closed over by the field instead
+        field = diffrax.ODETerm(lambda t, y, _: problem.f(t, y, args))
+        return jnp.sum(gs.replay(mesh, field, gs.Tsit5(), y0s).ys ** 2)
+
     grad = jax.grad(loss)(problem.args)
     np.testing.assert_allclose(
         grad, jax.grad(per_trajectory_loss)(problem.args), rtol=1e-13
     )
+    np.testing.assert_allclose(grad, jax.grad(closure_loss)(problem.args), rtol=1e-13)
     want = REFERENCES(
         "lotka-volterra-shared-parameters-gradient",
         lambda: jax.jit(jax.grad(diffrax_loss))(problem.args),
     )
     np.testing.assert_allclose(grad, want, rtol=1e-9)
-    assert _loop_reductions(jax.make_jaxpr(jax.grad(loss))(problem.args).jaxpr) == 0
+    for fn in (loss, closure_loss):
+        assert _loop_reductions(jax.make_jaxpr(jax.grad(fn))(problem.args).jaxpr) == 0
