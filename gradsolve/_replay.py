@@ -72,11 +72,12 @@ def replay_one(
 
     # A small state is stepped as a list of scalar components (see `_components.py`).
     representation = Representation(y0, problem, solver.representation, t_first)
-    if representation.layout is not None:
+    if representation.layout is not None and not forward_only:
         # The field reads its parameters element by element: each trajectory of a
         # batch gets its own elements, whose cotangents it accumulates alone (see
         # `batched_like`; a Lorenz gradient over 1,024 trajectories with respect to
-        # shared parameters took 27 ms with them shared, 11 ms so).
+        # shared parameters took 27 ms with them shared, 11 ms so). Forward mode
+        # has no cotangents to sum.
         f, args = batched_like_inputs(
             problem.f, args, t_first, problem.tree(y0), [*y0, t_first]
         )
