@@ -11,6 +11,8 @@ protocol (`harness.time_interleaved`), float64, Tsit5 at the problem's tolerance
 the trajectories differing in their initial states (`y0 * (1 + i / N)`):
 
 - `replay`: `jax.grad` of a loss over `gs.replay` of the ensemble's recorded mesh;
+- `replay, closed over`: the same with the parameters closed over by the vector
+  field instead of passed in `args`;
 - `one-call`: `jax.grad` of the same loss over `jax.vmap(gs.diffeqsolve)`;
 - `diffrax`: the same over `jax.vmap(diffrax.diffeqsolve)`.
 
@@ -58,8 +60,13 @@ def case(problem, n: int, repeats: int) -> list[str]:
 
         return lambda a: jax.vmap(one, in_axes=(0, None))(y0s, a)
 
+    def closed_over(a):  # the field closes over the parameters instead
+        field = gs.ODETerm(lambda t, y, _: problem.jax_vf(t, y, a))
+        return gs.replay(mesh, field, gs.Tsit5(), y0s).ys[:, -1]
+
     finals = {
         "replay": lambda a: gs.replay(mesh, term, gs.Tsit5(), y0s, a).ys[:, -1],
+        "replay, closed over": closed_over,
         "one-call": solved(gs),
         "diffrax": solved(diffrax),
     }
