@@ -31,7 +31,7 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-from harness import time_interleaved  # noqa: E402
+from harness import time_gradients  # noqa: E402
 
 import gradsolve as gs  # noqa: E402
 
@@ -94,12 +94,7 @@ def case(states: int, n: int, repeats: int) -> list[str]:
         "stage loop": lambda a: jax.vmap(stage_loop_replay, (0, 0, None))(ts, y0s, a),
         "diffrax": solved(diffrax),
     }
-    grads = {
-        name: jax.jit(jax.grad(lambda a, fn=fn: jnp.sum(fn(a) ** 2)))
-        for name, fn in finals.items()
-    }
-    tasks = {k: (lambda g=g: jax.block_until_ready(g(p))) for k, g in grads.items()}
-    times = time_interleaved(tasks, repeats, log=lambda *_: None)
+    times, grads = time_gradients(finals, p, repeats)
     want = np.asarray(grads["diffrax"](p))
     rows = []
     for name, t in times.items():

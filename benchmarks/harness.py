@@ -70,6 +70,18 @@ def print_case_tables(
             sys.stdout.flush()
 
 
+def time_gradients(finals: dict[str, Callable], x, repeats: int) -> tuple[dict, dict]:
+    """`(times, grads)`: for each `finals[name]`, a function of `x` (parameters),
+    the compiled `jax.grad` of `sum(finals[name](x) ** 2)` and its timing by
+    `time_interleaved` (in the same order)."""
+    grads = {
+        name: jax.jit(jax.grad(lambda a, fn=fn: jnp.sum(fn(a) ** 2)))
+        for name, fn in finals.items()
+    }
+    tasks = {k: (lambda g=g: jax.block_until_ready(g(x))) for k, g in grads.items()}
+    return time_interleaved(tasks, repeats, log=lambda *_: None), grads
+
+
 def time_interleaved(
     tasks: dict[str, Callable],
     repeats: int,

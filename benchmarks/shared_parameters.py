@@ -31,7 +31,7 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-from harness import time_interleaved  # noqa: E402
+from harness import time_gradients  # noqa: E402
 from problems import PROBLEMS, make_inputs  # noqa: E402
 
 import gradsolve as gs  # noqa: E402
@@ -70,12 +70,7 @@ def case(problem, n: int, repeats: int) -> list[str]:
         "one-call": solved(gs),
         "diffrax": solved(diffrax),
     }
-    grads = {
-        name: jax.jit(jax.grad(lambda a, fn=fn: jnp.sum(fn(a) ** 2)))
-        for name, fn in finals.items()
-    }
-    tasks = {k: (lambda g=g: jax.block_until_ready(g(args))) for k, g in grads.items()}
-    times = time_interleaved(tasks, repeats, log=lambda *_: None)
+    times, grads = time_gradients(finals, args, repeats)
     want = jax.tree.leaves(grads["diffrax"](args))
     rows = []
     for name, t in times.items():
