@@ -23,6 +23,14 @@ from ._components import (
 from ._unbatched import batched_like
 
 
+def _splits(x) -> bool:
+    """Whether `_split_args` splits this array leaf of `args` into elements: a small
+    floating-point one."""
+    return (
+        jnp.issubdtype(jnp.result_type(x), jnp.inexact) and 0 < x.size <= MAX_COMPONENTS
+    )
+
+
 def _split_args(args):
     """`args` as (static part, its array leaves' treedef, the leaves' structs, inputs):
     small floating-point leaves are split into components once, here, so that the
@@ -33,7 +41,7 @@ def _split_args(args):
     structs = [struct_of(x) for x in leaves]
     inputs = []
     for x, st in zip(leaves, structs):
-        if jnp.issubdtype(st.dtype, jnp.inexact) and 0 < x.size <= MAX_COMPONENTS:
+        if _splits(x):
             inputs.append(_Comp(_split(x, st.shape), st.dtype))
         else:
             inputs.append(x)
@@ -44,12 +52,7 @@ def batched_like_elements(args, refs):
     """`args` with the leaves that `_split_args` splits into elements batched like
     `refs` under `vmap` (`_unbatched.batched_like`); the other leaves as they are (a
     large weight matrix copied per trajectory would cost more than it saves)."""
-    splits = lambda x: (
-        eqx.is_array(x)
-        and jnp.issubdtype(x.dtype, jnp.inexact)
-        and 0 < x.size <= MAX_COMPONENTS
-    )
-    small, rest = eqx.partition(args, splits)
+    small, rest = eqx.partition(args, lambda x: eqx.is_array(x) and _splits(x))
     return eqx.combine(batched_like(small, refs), rest)
 
 

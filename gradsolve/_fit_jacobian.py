@@ -55,9 +55,9 @@ def _blocks_fwd(fn, in_axes, vmap_axes, split):
 
     def blocks(params, *inputs):
         one = _one_trajectory(params, in_axes)
-        unravel = _unravel(one)
-        sizes = [math.prod(x.shape) for x in jtu.tree_leaves(one)]
-        basis = jnp.eye(sum(sizes), dtype=jnp.result_type(*jtu.tree_leaves(one)))
+        unravel, leaves = _unravel(one), jtu.tree_leaves(one)
+        entries = sum(math.prod(x.shape) for x in leaves)
+        basis = jnp.eye(entries, dtype=jnp.result_type(*leaves))
 
         def push(direction, p, *inputs_i):
             return jax.jvp(lambda q: fn(q, *inputs_i), (p,), (unravel(direction),))
