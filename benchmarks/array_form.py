@@ -1,15 +1,18 @@
-"""A field held in array form whose gradient gradsolve computes slower than Diffrax.
+"""A field held in array form that slices its state: gradsolve against Diffrax.
 
     python benchmarks/array_form.py                  # 48 states, N = 64
     python benchmarks/array_form.py --states 64 --sizes 16,256
+    python benchmarks/array_form.py --fields chain,elementwise,linear
 
 A state of more than 32 elements is stepped in array form (see "How it works").
 This field, a chain of `--states` states coupled to its neighbours through slices
 and a concatenation (a one-dimensional diffusion with a quadratic sink, two shared
-parameters), is where that form is slow: each step's stages are unrolled into one
-program, and XLA:CPU compiles the backward pass through their slices and pads to
-code ~10x slower than the forward. Diffrax computes the stages in a loop over the
-stage index, whose backward pass does not have that problem. Timed in one process
+parameters), is where unrolled stages were slow: XLA:CPU compiled the backward
+pass through seven stages of slices and pads to code ~10x slower than the forward.
+gradsolve now computes the stages of such a field in a loop over the stage index,
+as Diffrax does. `--fields` adds two other fields held in array form, whose stages
+stay unrolled: `elementwise` (no slicing; each element coupled to the mean) and
+`linear` (a dense matrix product). Timed in one process
 with the benchmarks' interleaved protocol (`harness.time_interleaved`), float64,
 Tsit5 at rtol = atol = 1e-8 over t in [0, 2]:
 
@@ -43,7 +46,27 @@ def chain(t, y, p):
     return k * lap - c * y * y
 
 
-def stage_loop_replay(ts, y0, p):
+def elementwise(t, y, p):
+    # No slicing: each element decays and is driven by the state's mean.
+    return -p[0] * y + p[1] * jnp.sin(y) + 0.1 * jnp.mean(y)
+
+
+def make_linear(states: int):
+    # A dense coupling matrix: one matrix product per evaluation.
+    w = jax.random.normal(jax.random.key(0), (states, states)) / np.sqrt(states)
+    w = w - jnp.eye(states)
+
+    def linear(t, y, p):
+        return p[0] * (w @ y) - p[1] * y * y
+
+    return linear
+
+
+def make_field(name: str, states: int):
+    return {"chain": chain, "elementwise": elementwise}.get(name) or make_linear(states)
+
+
+def stage_loop_replay(f, ts, y0, p):
     """Tsit5 over the steps `ts`, its stages in a loop; each step checkpointed."""
     co = gs.Tsit5.coefficients()
     stages = len(co.c)
@@ -58,7 +81,7 @@ def stage_loop_replay(ts, y0, p):
 
         def stage(i, ks):
             y_i = y + jnp.tensordot(a[i], ks, axes=1)
-            return ks.at[i].set(h * chain(s + c[i] * h, y_i, p))
+            return ks.at[i].set(h * f(s + c[i] * h, y_i, p))
 
         ks = jax.lax.fori_loop(0, stages, stage, jnp.zeros((stages,) + y.shape))
         return y + jnp.tensordot(b, ks, axes=1), None
@@ -67,11 +90,12 @@ def stage_loop_replay(ts, y0, p):
     return y
 
 
-def case(states: int, n: int, repeats: int) -> list[str]:
+def case(field: str, states: int, n: int, repeats: int) -> list[str]:
+    f = make_field(field, states)
     y0s = jnp.linspace(0.1, 1.0, states) * (1 + 0.1 * jnp.arange(n)[:, None] / n)
     p = jnp.array([0.5, 0.3])
     kw = dict(stepsize_controller=gs.PIDController(rtol=1e-8, atol=1e-8))
-    term = gs.ODETerm(chain)
+    term = gs.ODETerm(f)
     mesh = gs.record_ensemble(term, gs.Tsit5(), 0.0, 2.0, None, y0s, p, **kw).trim()
     # Every trajectory's steps, padded with zero-length ones (as the mesh holds them).
     ts = mesh.ts[:, : mesh.max_steps + 1]
@@ -81,7 +105,7 @@ def case(states: int, n: int, repeats: int) -> list[str]:
 
         def one(y0, a):
             sol = lib.diffeqsolve(
-                lib.ODETerm(chain), lib.Tsit5(), 0.0, 2.0, None, y0, a,
+                lib.ODETerm(f), lib.Tsit5(), 0.0, 2.0, None, y0, a,
                 stepsize_controller=ctrl,
             )  # fmt: skip
             return sol.ys[-1]
@@ -91,7 +115,9 @@ def case(states: int, n: int, repeats: int) -> list[str]:
     finals = {
         "replay": lambda a: gs.replay(mesh, term, gs.Tsit5(), y0s, a).ys[:, -1],
         "one-call": solved(gs),
-        "stage loop": lambda a: jax.vmap(stage_loop_replay, (0, 0, None))(ts, y0s, a),
+        "stage loop": lambda a: jax.vmap(
+            lambda ts, y0, a: stage_loop_replay(f, ts, y0, a), (0, 0, None)
+        )(ts, y0s, a),
         "diffrax": solved(diffrax),
     }
     times, grads = time_gradients(finals, p, repeats)
@@ -100,7 +126,7 @@ def case(states: int, n: int, repeats: int) -> list[str]:
     for name, t in times.items():
         gap = np.max(np.abs(np.asarray(grads[name](p)) - want) / np.abs(want))
         rows.append(
-            f"| {states} | {n} | {int(mesh.max_steps)} | {name} "
+            f"| {field} | {states} | {n} | {int(mesh.max_steps)} | {name} "
             f"| {1e3 * t['min_s']:.2f} | {1e3 * t['median_s']:.2f} "
             f"| {t['first_s']:.1f} "
             f"| {times['diffrax']['min_s'] / t['min_s']:.2f}x | {gap:.1e} |"
@@ -110,18 +136,20 @@ def case(states: int, n: int, repeats: int) -> list[str]:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--fields", default="chain")
     parser.add_argument("--states", type=int, default=48)
     parser.add_argument("--sizes", default="64")
     parser.add_argument("--repeats", type=int, default=10)
     opts = parser.parse_args()
     print(
-        "| states | N | steps | gradient | min ms | median ms | first call s "
+        "| field | states | N | steps | gradient | min ms | median ms | first call s "
         "| speed-up vs Diffrax (min) | gradient vs Diffrax |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for n in map(int, opts.sizes.split(",")):
-        for row in case(opts.states, n, opts.repeats):
-            print(row, flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for field in opts.fields.split(","):
+        for n in map(int, opts.sizes.split(",")):
+            for row in case(field, opts.states, n, opts.repeats):
+                print(row, flush=True)
 
 
 if __name__ == "__main__":

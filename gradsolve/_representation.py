@@ -22,6 +22,7 @@ from ._components import (
     struct_of,
     trajectory_struct,
 )
+from ._solver.base import LoopedStages
 
 
 REPRESENTATIONS = ("auto", "components", "array")
@@ -39,6 +40,16 @@ STRUCTURED = frozenset(
     """
     scan while cond custom_linear_solve lu cholesky triangular_solve eig eigh svd qr
     householder_product schur
+    """.split()
+)
+
+
+# Primitives that take parts of an array or put arrays together: in a field held in
+# array form they make the step loop over its stages (see `_loops_stages`).
+SLICING = frozenset(
+    """
+    slice dynamic_slice dynamic_update_slice concatenate pad gather scatter
+    scatter-add rev
     """.split()
 )
 
@@ -129,6 +140,26 @@ def _components_are_small(problem, layout: Layout, time_dtype) -> bool:
     return not exceeded() and count_operations(jaxpr) <= limit
 
 
+def _loops_stages(problem, leaves, t) -> bool:
+    """Whether an explicit Runge--Kutta step of `problem`'s field, held in array
+    form, computes its stages in a loop (`LoopedStages`) rather than unrolled: when
+    the field slices, pads or concatenates its state (`SLICING`) and has no matrix
+    product.
+
+    Measured on a 48-state diffusion chain (slices and a concatenation), 64 and
+    1,024 trajectories: the replay gradient 26 -> 6.9 ms and 344 -> 66 ms in a loop,
+    the one-call gradient 29 -> 7.7 ms and 491 -> 213 ms. With matrix products the
+    unrolled step is faster (an MLP field: 4.1 against 5.6 ms and 81 against 89 ms;
+    a dense linear field alike), and so it is for an elementwise field at 1,024
+    trajectories (one-call gradient 233 against 293 ms).
+    """
+    shapes = [jnp.shape(x) for x in leaves]
+    dtypes = [jnp.result_type(x) for x in leaves]
+    time_dtype = jnp.result_type(*dtypes) if t is None else jnp.result_type(t)
+    names = _primitives(array_field_jaxpr(problem, shapes, dtypes, time_dtype))
+    return bool(names & SLICING) and "dot_general" not in names
+
+
 def choose_layout(leaves, problem=None, representation: str = "auto", t=None):
     """The component `Layout` for a state of `leaves`, or `None` to hold it as
     arrays.
@@ -170,6 +201,11 @@ class Representation:
 
     def __init__(self, leaves, problem=None, representation: str = "auto", t=None):
         self.layout = choose_layout(leaves, problem, representation, t)
+        self.stage_loop = (
+            self.layout is None
+            and problem is not None
+            and _loops_stages(problem, leaves, t)
+        )
 
     def split(self, leaves, batch_dims: int = 0) -> list:
         if self.layout is None:
@@ -204,7 +240,7 @@ class Representation:
         `split_args` (see `args_from_elements`) replaces splitting `problem.args`,
         for arguments that arrive already split into elements."""
         if self.layout is None:
-            return problem.vf
+            return LoopedStages(problem.vf) if self.stage_loop else problem.vf
         cp = ComponentProblem(
             problem.f, problem.args, problem.treedef, self.layout, split_args
         )

@@ -18,11 +18,13 @@ from gradsolve._problem import LeafProblem
 from gradsolve._representation import (
     COMPONENT_OPS_FLOOR,
     COMPONENT_OPS_RATIO,
+    Representation,
     array_field_jaxpr,
     choose_layout,
     component_field_jaxpr,
     count_operations,
 )
+from gradsolve._solver.base import LoopedStages
 
 from .helpers import PROBLEMS, max_relative_error
 from .references import StoredReferences
@@ -176,3 +178,96 @@ def test_forced_representation_matches_diffrax(case, representation, request):
     )
     assert max_relative_error(sol.ys, ys_ref) < 1e-12
     assert sol.stats["max_error_ratio"] <= 1.0
+
+
+def diffusion_chain(t, y, rates):
+    # Neighbours coupled through slices and a concatenation (a discretised
+    # diffusion with a quadratic sink): held in array form past 32 states.
+    inner = y[2:] - 2 * y[1:-1] + y[:-2]
+    laplacian = jnp.concatenate([y[1:2] - y[:1], inner, y[-2:-1] - y[-1:]])
+    return rates[0] * laplacian - rates[1] * y * y
+
+
+CHAIN_Y0 = jnp.linspace(0.1, 1.0, 40)
+CHAIN_RATES = jnp.array([0.5, 0.3])
+
+
+def _representation(f, y0, args, representation="auto"):
+    leaves, treedef = jtu.tree_flatten(y0)
+    problem = LeafProblem(f=f, args=args, treedef=treedef)
+    return Representation(leaves, problem, representation)
+
+
+def test_array_form_loops_the_stages_of_a_slicing_field_only():
+    chain = _representation(diffusion_chain, CHAIN_Y0, CHAIN_RATES)
+    assert chain.layout is None and chain.stage_loop
+    # Matrix products: the stages stay unrolled, slicing or not.
+    mlp = _representation(mlp_field, jnp.array([0.5, -0.2]), MLP)
+    assert mlp.layout is None and not mlp.stage_loop
+    sliced_mlp = _representation(
+        lambda t, y, model: jnp.concatenate([model(y[:2]), -y[2:]]),
+        jnp.array([0.5, -0.2, 1.0]),
+        MLP,
+    )
+    assert sliced_mlp.layout is None and not sliced_mlp.stage_loop
+    # On components there are no stages to loop over as arrays.
+    lorenz = _representation(LORENZ.f, LORENZ.y0, LORENZ.args)
+    assert lorenz.layout is not None and not lorenz.stage_loop
+
+
+@pytest.mark.parametrize("first_stage_known", [False, True])
+def test_looped_and_unrolled_stages_agree(first_stage_known):
+    problem = LeafProblem(
+        f=diffusion_chain, args=CHAIN_RATES, treedef=jtu.tree_structure(CHAIN_Y0)
+    )
+    y0 = [CHAIN_Y0]
+    f0 = problem.vf(0.3, y0) if first_stage_known else None
+    step = jax.jit(
+        lambda looped: gs.Tsit5().step_leaves(
+            LoopedStages(problem.vf) if looped else problem.vf, 0.3, 0.55, -1, y0, f0
+        ),
+        static_argnums=0,
+    )
+    (y1, error, ks, f1), looped = step(False), step(True)
+    assert jax.tree.structure((y1, error, ks, f1)) == jax.tree.structure(looped)
+    assert max_relative_error(looped[0], y1) < 1e-14
+    assert max_relative_error(looped[2:], (ks, f1)) < 1e-14
+    # The error estimate is a difference of increments: round-off on their scale.
+    scale = max(float(jnp.max(jnp.abs(k[0]))) for k in ks)
+    assert float(jnp.max(jnp.abs(looped[1][0] - error[0]))) < 1e-14 * scale
+
+
+def test_looped_stages_match_diffrax_and_replay_fresh():
+    # The chain's gradient with respect to its rates, one-call and over a
+    # recorded mesh, against Diffrax's.
+    t1 = 2.0
+    grad_ref, ys_ref = REFERENCES(
+        "looped-stages-chain",
+        lambda: _diffrax_grad(diffusion_chain, CHAIN_Y0, CHAIN_RATES, t1),
+    )
+    saveat = gs.SaveAt(ts=jnp.linspace(0.1, t1, 4))
+    term = gs.ODETerm(diffusion_chain)
+
+    def one_call(rates):
+        sol = gs.diffeqsolve(
+            term, gs.Tsit5(), 0.0, t1, None, CHAIN_Y0, rates, stepsize_controller=CTRL,
+            saveat=saveat,
+        )  # fmt: skip
+        return jnp.sum(sol.ys**2), sol.ys
+
+    mesh = gs.record(
+        term, gs.Tsit5(), 0.0, t1, None, CHAIN_Y0, CHAIN_RATES,
+        stepsize_controller=CTRL,
+    )  # fmt: skip
+
+    def over_mesh(rates):
+        sol = gs.replay(mesh, term, gs.Tsit5(), CHAIN_Y0, rates, saveat=saveat)
+        return jnp.sum(sol.ys**2), (sol.ys, sol.stats["max_error_ratio"])
+
+    grad, ys = jax.jit(jax.grad(one_call, has_aux=True))(CHAIN_RATES)
+    assert max_relative_error(ys, ys_ref) < 1e-12
+    assert max_relative_error([grad], grad_ref) < 1e-9
+    grad, (ys, ratio) = jax.jit(jax.grad(over_mesh, has_aux=True))(CHAIN_RATES)
+    assert max_relative_error(ys, ys_ref) < 1e-12
+    assert max_relative_error([grad], grad_ref) < 1e-9
+    assert ratio <= 1.0

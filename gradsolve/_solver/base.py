@@ -140,6 +140,8 @@ def explicit_rk_step(
     increments (used by the dense interpolants) and the vector field at the last stage
     (the next step's first stage for FSAL tableaux).
     """
+    if isinstance(vf, LoopedStages):
+        return _looped_rk_step(coeffs, vf, t0, t1, direction, y0, f0)
     h = t1 - t0
     control = direction * h
     fs = [vf(direction * t0, y0) if f0 is None else f0]
@@ -155,6 +157,68 @@ def explicit_rk_step(
     y1 = linear_combination(y0, coeffs.b_sol, ks, zero)
     y_error = linear_combination(None, coeffs.b_error, ks, zero)
     return y1, y_error, ks, fs[-1]
+
+
+class LoopedStages:
+    """A vector field (on leaves) whose explicit Runge--Kutta stages are computed in a
+    loop over the stages, as Diffrax computes them, rather than unrolled.
+
+    Chosen per field (see `_representation.py`): unrolled, XLA compiles a step as
+    one program and fuses across stages, which suits matrix products; but the
+    backward pass of a field that slices and concatenates its state, unrolled over
+    seven stages, compiles on the CPU to a program ~10x slower than its forward
+    pass, and in a loop it does not.
+    """
+
+    def __init__(self, vf: LeafField):
+        self.vf = vf
+
+    def __call__(self, t, y: Leaves) -> Leaves:
+        return self.vf(t, y)
+
+
+def _looped_rk_step(coeffs: Coefficients, vf, t0, t1, direction, y0, f0):
+    """`explicit_rk_step` with its stages in a `fori_loop`: the stage increments
+    kept in one buffer per leaf (stage first), each stage's state their weighted
+    sum (a `tensordot` over the stages, as Diffrax sums them)."""
+    stages = coeffs.num_stages
+    h = t1 - t0
+    control = direction * h
+    a = np.zeros((stages, stages))
+    for i, row in enumerate(coeffs.a):
+        a[i + 1, : len(row)] = row
+    first = vf(direction * t0, y0) if f0 is None else f0
+    dtypes = [jnp.result_type(leaf) for leaf in y0]
+    ks = [
+        jnp.zeros((stages,) + jnp.shape(f), d).at[0].set(control * f)
+        for f, d in zip(first, dtypes)
+    ]
+    c = jnp.asarray(coeffs.c, jnp.result_type(t0))
+
+    def stage(i, carry):
+        ks, _ = carry
+        y_stage = [
+            y + jnp.tensordot(jnp.asarray(a, d)[i], k, axes=1)
+            for y, k, d in zip(y0, ks, dtypes)
+        ]
+        # Diffrax takes the stage at `c = 1` at `t1` itself, not at `t0 + (t1 - t0)`.
+        t_stage = jnp.where(c[i] == 1, t1, t0 + c[i] * h)
+        f_stage = vf(direction * t_stage, y_stage)
+        ks = [k.at[i].set(control * f) for k, f in zip(ks, f_stage)]
+        return ks, f_stage
+
+    ks, last = jax.lax.fori_loop(1, stages, stage, (ks, first))
+
+    def weighted(weights, base):
+        out = []
+        for k, d, y in zip(ks, dtypes, base or [None] * len(ks)):
+            total = jnp.tensordot(jnp.asarray(weights, d), k, axes=1)
+            out.append(total if y is None else y + total)
+        return out
+
+    y1 = weighted(coeffs.b_sol, y0)
+    y_error = weighted(coeffs.b_error, None)
+    return y1, y_error, [[k[i] for k in ks] for i in range(stages)], last
 
 
 class AbstractGradsolveSolver(eqx.Module):
