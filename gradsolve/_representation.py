@@ -195,7 +195,8 @@ class Representation:
 
     `split(leaves, batch_dims)` and `merge(comps, batch_dims)` convert (with
     `batch_dims` leading axes); `field(problem)` is the vector field on the
-    representation. Build the field outside any loop over steps: it splits the
+    representation (in array form marked `LoopedStages` where `stage_loop`, see
+    `_loops_stages`). Build the field outside any loop over steps: it splits the
     problem's `args` once.
     """
 
