@@ -6,7 +6,9 @@ pass instead walks back over the accepted steps in segments of `length` steps (1
 8, see `_checkpoints.py`; a `while_loop` of `ceil(num_steps / length)` iterations):
 each segment is
 recomputed from the state the recording kept at its start, as a fixed-length scan,
-and pulled back with one `jax.vjp`. This is the same derivative as differentiating
+and pulled back with one `jax.vjp`. (A large state is kept less often, at the start
+of blocks of segments: entering a block, the walk first recomputes the starts of
+its segments forward.) This is the same derivative as differentiating
 `gs.replay` (and as Diffrax's default adjoint): the exact discrete adjoint of the
 accepted steps.
 """
@@ -14,6 +16,7 @@ accepted steps.
 import functools
 
 import equinox as eqx
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 
@@ -64,7 +67,10 @@ def adjoint_loop(
     - `states`: the state after every `every`-th accepted step (`states[0] = y0`),
         as the steps hold it (see `_components.Representation`), with a leading
         axis.
-    - `every`: the spacing of the checkpoints in `states`; it divides `length`.
+    - `every`: the spacing of the checkpoints in `states`; it divides `length`, or
+        is a multiple of it (a large state, see `_checkpoints.checkpoint_spacing`:
+        the starts of the segments between two checkpoints are then recomputed
+        forward, a block at a time, as the walk reaches them).
     - `length`: the steps per segment. Longer segments amortise the loop's
         per-iteration cost; every segment takes this many steps, so the last one
         wastes up to `length - 1` (skipped) steps.
@@ -137,24 +143,26 @@ def adjoint_loop(
         index = first + jnp.arange(length)
         return jnp.minimum(index, mesh.max_steps - 1), index < num_steps
 
-    def segment_times(first):
-        """The start and end (internal time) of the steps `[first, first + length)`
+    def segment_times(first, count=length):
+        """The start and end (internal time) of the steps `[first, first + count)`
         and which of them were taken; steps not taken have length zero."""
-        index, valid = segment_steps(first)
+        index = first + jnp.arange(count)
+        index, valid = jnp.minimum(index, mesh.max_steps - 1), index < num_steps
         # Gathered from the mesh directly: `mesh_steps` would first copy the whole
         # `(max_steps + 1)`-long buffer, once per gradient.
         e = direction * ts[index + 1]
         s = ts[index] if mesh.step_starts is None else mesh.step_starts[index]
         return jnp.where(valid, direction * s, e), e, valid
 
-    def segment(y, dynamic, first):
-        """Steps `[first, first + length)` from the state before step `first`.
+    def segment(y, dynamic, first, times=None):
+        """Steps `[first, first + length)` from the state before step `first`
+        (whose `segment_times` are `times` if given).
 
         Returns the state after them and the values they save. Steps past
         `num_steps` are skipped (zero-length, and their result discarded), so that
         every segment has the same static length.
         """
-        s, e, valid = segment_times(first)
+        s, e, valid = segment_times(first) if times is None else times
 
         @functools.partial(jax.checkpoint, prevent_cse=False)
         def body(y, x):
@@ -224,12 +232,60 @@ def adjoint_loop(
         _, bars = jax.lax.while_loop(lambda c: c[0] < hi, add_window, (lo, bars))
         return bars
 
+    num_segments = (num_steps + length - 1) // length
+    # States kept every `every` steps: a segment starts at one, or (`every` a
+    # multiple of `length`, for a large state) inside a block of segments whose
+    # starts are recomputed, forward, when the walk enters the block.
+    per_block = max(every // length, 1)
+    block_starts = [
+        jnp.zeros((per_block,) + x.shape[1:], x.dtype) for x in states
+    ] if per_block > 1 else []  # fmt: skip
+
+    def recompute_block(block, need, times, starts):
+        """The start of every segment of `block` (where `need`) from the state
+        kept at the block's start: the block's segments taken forward over its
+        step `times` (gathered outside: inside this branch and its loop, the
+        mesh's whole time buffer would be copied)."""
+        first = block * per_block
+        count = jnp.where(need, jnp.minimum(per_block, num_segments - first), 0)
+
+        def forward(carry):
+            j, y, starts = carry
+            starts = [x.at[j].set(v) for x, v in zip(starts, y)]
+            own = [jax.lax.dynamic_slice_in_dim(x, j * length, length) for x in times]
+            y, _ = segment(y, diff_dynamic, None, own)
+            return j + 1, y, starts
+
+        y = [x[block] for x in states]
+        # Trajectories that stay in their block keep their starts (count 0).
+        init = (jnp.zeros_like(count), y, starts)
+        _, _, starts = jax.lax.while_loop(lambda c: c[0] < count, forward, init)
+        return starts
+
+    def segment_start(n, loaded, starts):
+        """The state before segment `n`, and the block of starts held after it."""
+        if per_block == 1:
+            return [x[n * (length // every)] for x in states], loaded, starts
+        block = n // per_block
+        need = block != loaded
+        starts = jax.lax.cond(
+            eqxi.unvmap_any(need),
+            recompute_block,
+            lambda block, need, times, starts: starts,
+            block,
+            need,
+            segment_times(block * every, every),
+            starts,
+        )
+        start = [x[n % per_block] for x in starts]
+        return start, jnp.where(need, block, loaded), starts
+
     def segment_back(carry):
         """Recompute one segment from its checkpoint and pull the cotangents of
         its end state and of its saved values back to its start."""
-        n, y_bar, diff_bar = carry
+        n, y_bar, diff_bar, loaded, starts = carry
         first = n * length
-        start = [x[n * (length // every)] for x in states]
+        start, loaded, starts = segment_start(n, loaded, starts)
         _, vjp = jax.vjp(lambda y, d: segment(y, d, first), start, diff_dynamic)
         saved_bar = {}
         if step_bar is not None:
@@ -241,11 +297,11 @@ def adjoint_loop(
             saved_bar["ts"] = save_cotangents(first)
         y_bar, d_bar = vjp((y_bar, saved_bar))
         diff_bar = jax.tree_util.tree_map(jnp.add, diff_bar, d_bar)
-        return n - 1, y_bar, diff_bar
+        return n - 1, y_bar, diff_bar, loaded, starts
 
-    num_segments = (num_steps + length - 1) // length
-    _, y_bar, diff_bar = jax.lax.while_loop(
-        lambda c: c[0] >= 0, segment_back, (num_segments - 1, y_bar, diff_bar)
+    init = (num_segments - 1, y_bar, diff_bar, jnp.array(-1), block_starts)
+    _, y_bar, diff_bar, _, _ = jax.lax.while_loop(
+        lambda c: c[0] >= 0, segment_back, init
     )
     if ts_bar is not None:
         # t0 == t1 takes no step: every `ts` value is y0 itself.

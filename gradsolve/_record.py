@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from diffrax._term import WrapTerm
 from jaxtyping import Array
 
-from ._checkpoints import segment_length
+from ._checkpoints import checkpoint_spacing, segment_length
 from ._controller import NORMS, on_components
 from ._kernel import kernel_loop
 from ._kernel_select import kernel_considered, kernel_unsupported, use_kernel
@@ -91,7 +91,7 @@ def record_loop(
     count as infinite. So the accepted steps are Diffrax's, to round-off.
 
     `plan.ts` is in internal time (`direction * t`). With `keep_states`, the state
-    after every `segment_length`-th accepted step is kept for the adjoint (see
+    after every `checkpoint_spacing`-th accepted step is kept for the adjoint (see
     `_checkpoints.py`).
 
     `kernel` (`"auto"`, `"pallas"` or `"xla"`, see `_kernel_select.use_kernel`)
@@ -170,8 +170,9 @@ def record_loop(
     # The adjoint recomputes this many steps at a time from a kept state. (Decided
     # with or without `keep_states`: `_solve`'s primal and forward outputs agree.)
     segment = segment_length(problem, y0, t0)
+    spacing = checkpoint_spacing(segment, y0, max_steps, t0)
     if fused:
-        every = segment
+        every = spacing
         c = kernel_loop(
             problem,
             f,
@@ -199,7 +200,7 @@ def record_loop(
             max_steps,
             keep_states,
             has_jumps,
-            segment,
+            spacing,
             representation.carries_fsal(solver),
         )
     result = diffrax.RESULTS.where(

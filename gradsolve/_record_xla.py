@@ -75,12 +75,12 @@ def xla_loop(
     max_steps,
     keep_states,
     has_jumps,
-    segment,
+    spacing,
     fsal,
 ):
     """The stepping loop as an XLA `while_loop`. Returns its final carry and how
     often it kept a state (`every`): every step when steps are saved, else every
-    `segment`-th."""
+    `spacing`-th (see `_checkpoints.checkpoint_spacing`)."""
     interpolation = solver.interpolation_cls
     ti0, ti1, direction = lane["ti0"], lane["ti1"], lane["direction"]
     clip_floor, y = lane["clip_floor"], lane["y"]
@@ -115,9 +115,9 @@ def xla_loop(
         carry["starts"] = jnp.full((max_steps,), ti0, dtype=time_dtype)
         carry["restarts"] = jnp.zeros((max_steps,), dtype=bool)
     # Every state is kept when saved (`SaveAt(steps=True)`); for the adjoint alone,
-    # every `segment`-th (it recomputes the others one segment at a time).
+    # every `spacing`-th (it recomputes the others from them).
     # They are kept as the steps hold them (components for a small state).
-    every = 1 if plan.steps else segment
+    every = 1 if plan.steps else spacing
     if keep_states or plan.steps:
         carry["states"] = [
             jnp.broadcast_to(x, (max_steps // every + 1,) + x.shape) for x in y

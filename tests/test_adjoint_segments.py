@@ -12,7 +12,11 @@ import pytest
 
 import gradsolve as gs
 from gradsolve._adjoint import SAVE_WINDOW
-from gradsolve._checkpoints import CHEAP_FIELD_SEGMENT as SEGMENT_LENGTH, segment_length
+from gradsolve._checkpoints import (
+    CHEAP_FIELD_SEGMENT as SEGMENT_LENGTH,
+    checkpoint_spacing,
+    segment_length,
+)
 from gradsolve._problem import LeafProblem
 
 from .helpers import PROBLEMS, max_relative_error
@@ -216,4 +220,46 @@ def test_costly_field_ragged_ensemble_with_many_saves_per_step(saves):
         f"costly-field-{saves}", lambda: grad(diffrax.diffeqsolve, diffrax.Tsit5())
     )
     assert steps.min() < steps.max()  # ragged
+    assert max_relative_error(got, want) <= 1e-9
+
+
+def _chain(t, y, rate):
+    # A large state that the field slices (array form, cheap segments).
+    inner = y[2:] - 2 * y[1:-1] + y[:-2]
+    return rate * jnp.concatenate([y[1:2] - y[:1], inner, y[-2:-1] - y[-1:]]) - y**3
+
+
+def test_large_state_kept_in_blocks_ragged_ensemble():
+    # A 40-element state kept every 8 steps would take 40x a 256-step mesh's
+    # memory: it is kept every 48th step, and the reverse pass recomputes the
+    # segment starts of each block before walking back over them. Trajectories
+    # of 9 to 140 steps end in different blocks and segments.
+    d, max_steps = 40, 256
+    spacing = checkpoint_spacing(SEGMENT_LENGTH, [jnp.zeros(d)], max_steps, 0.0)
+    assert spacing == 6 * SEGMENT_LENGTH
+    assert checkpoint_spacing(SEGMENT_LENGTH, [jnp.zeros(3)], max_steps, 0.0) == 8
+    rates = jnp.array([0.05, 5.0, 20.0, 40.0])
+    y0 = jnp.sin(jnp.linspace(0.0, 3.0, d))
+    saveat = diffrax.SaveAt(ts=jnp.linspace(0.1, 3.0, 7), t1=True)
+    ctrl = diffrax.PIDController(rtol=1e-6, atol=1e-6)
+
+    def grad(solve, solver):
+        def one(rate):
+            sol = solve(
+                diffrax.ODETerm(_chain), solver, 0.0, 3.0, None, y0, rate,
+                saveat=saveat, stepsize_controller=ctrl, max_steps=max_steps,
+            )  # fmt: skip
+            return jnp.sum(sol.ys**2), sol.stats["num_accepted_steps"]
+
+        def total(rates):
+            values, steps = jax.vmap(one)(rates)
+            return jnp.sum(values), steps
+
+        return jax.jit(jax.grad(total, has_aux=True))(rates)
+
+    got, steps = grad(gs.diffeqsolve, gs.Tsit5())
+    want, _ = REFERENCES(
+        "large-state-blocks", lambda: grad(diffrax.diffeqsolve, diffrax.Tsit5())
+    )
+    assert steps.min() < spacing and steps.max() > 2 * spacing
     assert max_relative_error(got, want) <= 1e-9
