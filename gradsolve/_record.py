@@ -170,7 +170,7 @@ def record_loop(
     # The adjoint recomputes this many steps at a time from a kept state. (Decided
     # with or without `keep_states`: `_solve`'s primal and forward outputs agree.)
     segment = segment_length(problem, y0, t0)
-    spacing = checkpoint_spacing(segment, y0, max_steps, t0)
+    spacing = checkpoint_spacing(problem, segment, y0, max_steps, t0)
     if fused:
         every = spacing
         c = kernel_loop(

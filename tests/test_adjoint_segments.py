@@ -235,9 +235,19 @@ def test_large_state_kept_in_blocks_ragged_ensemble():
     # segment starts of each block before walking back over them. Trajectories
     # of 9 to 140 steps end in different blocks and segments.
     d, max_steps = 40, 256
-    spacing = checkpoint_spacing(SEGMENT_LENGTH, [jnp.zeros(d)], max_steps, 0.0)
+
+    def spacing_of(f, args, size):
+        problem = LeafProblem(f=f, args=args, treedef=jax.tree.structure(0.0))
+        return checkpoint_spacing(
+            problem, SEGMENT_LENGTH, [jnp.zeros(size)], max_steps, 0.0
+        )
+
+    spacing = spacing_of(_chain, 1.0, d)
     assert spacing == 6 * SEGMENT_LENGTH
-    assert checkpoint_spacing(SEGMENT_LENGTH, [jnp.zeros(3)], max_steps, 0.0) == 8
+    # Not a small state, nor a costly field (a matrix product per element).
+    assert spacing_of(_chain, 1.0, 3) == SEGMENT_LENGTH
+    dense = jnp.ones((d, d))
+    assert spacing_of(lambda t, y, a: a @ y, dense, d) == SEGMENT_LENGTH
     rates = jnp.array([0.05, 5.0, 20.0, 40.0])
     y0 = jnp.sin(jnp.linspace(0.0, 3.0, d))
     saveat = diffrax.SaveAt(ts=jnp.linspace(0.1, 3.0, 7), t1=True)
