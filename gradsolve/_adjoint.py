@@ -137,17 +137,16 @@ def adjoint_loop(
             lambda y, d: step(y, d, ts[0], ts[-1])[1], y_bar, diff_dynamic
         )
 
-    def segment_steps(first):
-        """The mesh indices of the steps `[first, first + length)` (clipped into the
+    def segment_steps(first, count=length):
+        """The mesh indices of the steps `[first, first + count)` (clipped into the
         mesh) and which of them were taken."""
-        index = first + jnp.arange(length)
+        index = first + jnp.arange(count)
         return jnp.minimum(index, mesh.max_steps - 1), index < num_steps
 
     def segment_times(first, count=length):
         """The start and end (internal time) of the steps `[first, first + count)`
         and which of them were taken; steps not taken have length zero."""
-        index = first + jnp.arange(count)
-        index, valid = jnp.minimum(index, mesh.max_steps - 1), index < num_steps
+        index, valid = segment_steps(first, count)
         # Gathered from the mesh directly: `mesh_steps` would first copy the whole
         # `(max_steps + 1)`-long buffer, once per gradient.
         e = direction * ts[index + 1]
