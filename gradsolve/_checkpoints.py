@@ -31,7 +31,7 @@ import math
 import jax.numpy as jnp
 
 from ._components import MAX_COMPONENTS
-from ._representation import array_field_jaxpr, equations
+from ._representation import equations, leaves_field_jaxpr
 
 
 # Segments of this many steps for a cheap field ...
@@ -62,6 +62,10 @@ def _flops(jaxpr) -> int:
     return total
 
 
+def _bytes(leaves) -> int:
+    return sum(jnp.size(x) * jnp.result_type(x).itemsize for x in leaves)
+
+
 def segment_length(problem, leaves, t) -> int:
     """The adjoint's segment length for `problem` (a `LeafProblem`) with a state of
     `leaves` at time `t`: 1 for a costly vector field and a small state, else
@@ -70,13 +74,9 @@ def segment_length(problem, leaves, t) -> int:
     The field is traced, not compiled, as `array_field_jaxpr` traces it: the
     decision is the same whether its arrays are constants or tracers of an
     enclosing `jit` or `vmap`, and inside a sharded ensemble."""
-    state_bytes = sum(jnp.size(x) * jnp.result_type(x).itemsize for x in leaves)
-    if state_bytes > MAX_KEPT_STATE_BYTES:
+    if _bytes(leaves) > MAX_KEPT_STATE_BYTES:
         return CHEAP_FIELD_SEGMENT
-    shapes = [jnp.shape(x) for x in leaves]
-    dtypes = [jnp.result_type(x) for x in leaves]
-    jaxpr = array_field_jaxpr(problem, shapes, dtypes, jnp.result_type(t))
-    if _flops(jaxpr) >= COSTLY_FIELD_FLOPS:
+    if _flops(leaves_field_jaxpr(problem, leaves, t)) >= COSTLY_FIELD_FLOPS:
         return 1
     return CHEAP_FIELD_SEGMENT
 
@@ -97,14 +97,11 @@ def checkpoint_spacing(problem, segment: int, leaves, max_steps: int, t) -> int:
     size = sum(jnp.size(x) for x in leaves)
     if segment != CHEAP_FIELD_SEGMENT or size <= MAX_COMPONENTS:
         return segment
-    state_bytes = sum(jnp.size(x) * jnp.result_type(x).itemsize for x in leaves)
+    state_bytes = _bytes(leaves)
     mesh_bytes = (max_steps + 1) * jnp.result_type(t).itemsize
     if (max_steps // segment + 1) * state_bytes <= mesh_bytes:
         return segment
-    shapes = [jnp.shape(x) for x in leaves]
-    dtypes = [jnp.result_type(x) for x in leaves]
-    jaxpr = array_field_jaxpr(problem, shapes, dtypes, jnp.result_type(t))
-    if _flops(jaxpr) > BLOCK_FIELD_FLOPS * size:
+    if _flops(leaves_field_jaxpr(problem, leaves, t)) > BLOCK_FIELD_FLOPS * size:
         return segment
     every = segment
     while (max_steps // every + 1) * state_bytes > mesh_bytes and every < max_steps:

@@ -126,20 +126,14 @@ def component_field_jaxpr(problem, layout: Layout, time_dtype):
     return jax.make_jaxpr(on_components)(t, comps, structs).jaxpr
 
 
-def _components_are_small(
-    problem, layout: Layout, time_dtype, array_jaxpr=None
-) -> bool:
+def _components_are_small(problem, layout: Layout, time_dtype, array_jaxpr) -> bool:
     """Whether one evaluation of `problem`'s field on components takes at most
     `max(COMPONENT_OPS_FLOOR, COMPONENT_OPS_RATIO * n)` operations, `n` those it
-    takes on arrays, and the field has none of the `STRUCTURED` primitives (then
-    it is not traced on components at all). Traced, not compiled; the trace on
-    components goes on in array form once past that limit."""
-    if array_jaxpr is None:
-        array_jaxpr = array_field_jaxpr(
-            problem, layout.shapes, layout.dtypes, time_dtype
-        )
-    else:
-        array_jaxpr = array_jaxpr()
+    takes on arrays (`array_jaxpr()`, the field's jaxpr on arrays), and the field
+    has none of the `STRUCTURED` primitives (then it is not traced on components at
+    all). Traced, not compiled; the trace on components goes on in array form once
+    past that limit."""
+    array_jaxpr = array_jaxpr()
     if _primitives(array_jaxpr) & STRUCTURED:
         return False
     n_array = count_operations(array_jaxpr)
@@ -149,11 +143,11 @@ def _components_are_small(
     return not exceeded() and count_operations(jaxpr) <= limit
 
 
-def _loops_stages(problem, leaves, t, array_jaxpr=None) -> bool:
-    """Whether an explicit Runge--Kutta step of `problem`'s field, held in array
-    form, computes its stages in a loop (`LoopedStages`) rather than unrolled: when
-    the field slices, pads or concatenates its state (`SLICING`) and has no matrix
-    product.
+def _loops_stages(array_jaxpr) -> bool:
+    """Whether an explicit Runge--Kutta step of a field held in array form, whose
+    jaxpr on arrays `array_jaxpr()` returns, computes its stages in a loop
+    (`LoopedStages`) rather than unrolled: when the field slices, pads or
+    concatenates its state (`SLICING`) and has no matrix product.
 
     Measured on a 48-state diffusion chain (slices and a concatenation), 64 and
     1,024 trajectories: the replay gradient 26 -> 6.9 ms and 344 -> 66 ms in a loop,
@@ -162,21 +156,23 @@ def _loops_stages(problem, leaves, t, array_jaxpr=None) -> bool:
     a dense linear field alike), and so it is for an elementwise field at 1,024
     trajectories (one-call gradient 233 against 293 ms).
     """
-    if array_jaxpr is None:
-        array_jaxpr = _leaves_jaxpr(problem, leaves, t)
-    else:
-        array_jaxpr = array_jaxpr()
-    names = _primitives(array_jaxpr)
+    names = _primitives(array_jaxpr())
     return bool(names & SLICING) and "dot_general" not in names
 
 
-def _leaves_jaxpr(problem, leaves, t):
+def leaves_field_jaxpr(problem, leaves, t):
     """`array_field_jaxpr` of `problem` on a state of `leaves`, at a time `t` (of
     the state's dtype if `None`)."""
     shapes = [jnp.shape(x) for x in leaves]
     dtypes = [jnp.result_type(x) for x in leaves]
     time_dtype = jnp.result_type(*dtypes) if t is None else jnp.result_type(t)
     return array_field_jaxpr(problem, shapes, dtypes, time_dtype)
+
+
+def _traced_once(problem, leaves, t):
+    """`leaves_field_jaxpr(problem, leaves, t)` as a function that traces it on its
+    first call only."""
+    return functools.cache(lambda: leaves_field_jaxpr(problem, leaves, t))
 
 
 def choose_layout(
@@ -192,8 +188,8 @@ def choose_layout(
     and has none of the `STRUCTURED` primitives
     (`problem` is needed for that count, and `t`, a time, for its dtype; without
     `problem` the size alone decides). `array_jaxpr`, if given, returns the
-    field's jaxpr on arrays (so that a caller traces it once for several
-    decisions).
+    field's jaxpr on arrays (`_traced_once`: so that a caller traces it once for
+    several decisions).
     """
     check_representation_option(representation)
     floating = all(jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in leaves)
@@ -208,6 +204,8 @@ def choose_layout(
     if problem is None:
         return layout
     time_dtype = jnp.result_type(*layout.dtypes) if t is None else jnp.result_type(t)
+    if array_jaxpr is None:
+        array_jaxpr = _traced_once(problem, leaves, t)
     small = _components_are_small(problem, layout, time_dtype, array_jaxpr)
     return layout if small else None
 
@@ -226,12 +224,10 @@ class Representation:
 
     def __init__(self, leaves, problem=None, representation: str = "auto", t=None):
         # The field on arrays is traced at most once, for both decisions.
-        array_jaxpr = functools.cache(lambda: _leaves_jaxpr(problem, leaves, t))
+        array_jaxpr = _traced_once(problem, leaves, t)
         self.layout = choose_layout(leaves, problem, representation, t, array_jaxpr)
         self.stage_loop = (
-            self.layout is None
-            and problem is not None
-            and _loops_stages(problem, leaves, t, array_jaxpr)
+            self.layout is None and problem is not None and _loops_stages(array_jaxpr)
         )
 
     def split(self, leaves, batch_dims: int = 0) -> list:
