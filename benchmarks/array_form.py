@@ -62,8 +62,13 @@ def make_linear(states: int):
     return linear
 
 
+FIELDS = ("chain", "elementwise", "linear")
+
+
 def make_field(name: str, states: int):
-    return {"chain": chain, "elementwise": elementwise}.get(name) or make_linear(states)
+    if name == "linear":
+        return make_linear(states)
+    return {"chain": chain, "elementwise": elementwise}[name]
 
 
 def stage_loop_replay(f, ts, y0, p):
@@ -141,12 +146,16 @@ def main():
     parser.add_argument("--sizes", default="64")
     parser.add_argument("--repeats", type=int, default=10)
     opts = parser.parse_args()
+    fields = opts.fields.split(",")
+    for name in fields:
+        if name not in FIELDS:
+            parser.error(f"--fields: {name!r} is not one of {', '.join(FIELDS)}")
     print(
         "| field | states | N | steps | gradient | min ms | median ms | first call s "
         "| speed-up vs Diffrax (min) | gradient vs Diffrax |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for field in opts.fields.split(","):
+    for field in fields:
         for n in map(int, opts.sizes.split(",")):
             for row in case(field, opts.states, n, opts.repeats):
                 print(row, flush=True)
