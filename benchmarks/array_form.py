@@ -10,9 +10,11 @@ and a concatenation (a one-dimensional diffusion with a quadratic sink, two shar
 parameters), is where unrolled stages were slow: XLA:CPU compiled the backward
 pass through seven stages of slices and pads to code ~10x slower than the forward.
 gradsolve now computes the stages of such a field in a loop over the stage index,
-as Diffrax does. `--fields` adds two other fields held in array form, whose stages
-stay unrolled: `elementwise` (no slicing; each element coupled to the mean) and
-`linear` (a dense matrix product). Timed in one process
+as Diffrax does. `--fields` adds three other fields held in array form:
+`elementwise` (no slicing; each element coupled to the mean), `linear` (a dense
+matrix product; its stages stay unrolled) and `kinetics` (a reaction network
+written species by species, `y[i]` read by `y[i]` and the rates stacked, evaluated
+on the state's elements). Timed in one process
 with the benchmarks' interleaved protocol (`harness.time_interleaved`), float64,
 Tsit5 at rtol = atol = 1e-8 over t in [0, 2]:
 
@@ -51,6 +53,18 @@ def elementwise(t, y, p):
     return -p[0] * y + p[1] * jnp.sin(y) + 0.1 * jnp.mean(y)
 
 
+def kinetics(t, y, p):
+    # A reaction network written species by species, as kinetics models usually
+    # are: each rate reads single elements of the state, and the rates are stacked.
+    n = y.shape[0]
+    rates = []
+    for i in range(n):
+        produced = p[0] * y[i - 1] ** 2 / (1 + y[i - 1]) if i > 0 else 0.0
+        consumed = p[0] * y[i] ** 2 / (1 + y[i])
+        rates.append(produced - consumed + p[1] * (y[(i + 7) % n] - y[i]))
+    return jnp.stack(rates)
+
+
 def make_linear(states: int):
     # A dense coupling matrix: one matrix product per evaluation.
     w = jax.random.normal(jax.random.key(0), (states, states)) / np.sqrt(states)
@@ -62,13 +76,13 @@ def make_linear(states: int):
     return linear
 
 
-FIELDS = ("chain", "elementwise", "linear")
+FIELDS = ("chain", "elementwise", "linear", "kinetics")
 
 
 def make_field(name: str, states: int):
     if name == "linear":
         return make_linear(states)
-    return {"chain": chain, "elementwise": elementwise}[name]
+    return {"chain": chain, "elementwise": elementwise, "kinetics": kinetics}[name]
 
 
 def stage_loop_replay(f, ts, y0, p):

@@ -90,14 +90,20 @@ def adjoint_loop(
     # the loop carries and the step's vjp act on that; convert at the boundaries.
     y0_leaves, args, f = diff
     problem = LeafProblem(f=f, args=args, treedef=treedef)
-    recorded = Representation(y0_leaves, problem, solver.representation, mesh.ts[0])
+    recorded = Representation(
+        y0_leaves, problem, solver.representation, mesh.ts[0], solver.reads_elements
+    )
     representation = recorded
     if solver.derivative_representation != solver.representation:
         # Walked back in the form the solver's steps differentiate fastest in,
         # from the states kept as the recording held them (steps recomputed in
         # another form equal the recorded ones to round-off).
         representation = Representation(
-            y0_leaves, problem, solver.derivative_representation, mesh.ts[0]
+            y0_leaves,
+            problem,
+            solver.derivative_representation,
+            mesh.ts[0],
+            solver.reads_elements,
         )
         states = representation.split(recorded.merge(states, 1), 1)
     split, merge = representation.split, representation.merge

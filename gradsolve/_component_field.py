@@ -23,26 +23,41 @@ from ._components import (
 from ._unbatched import batched_like
 
 
-def _splits(x) -> bool:
-    """Whether `_split_args` splits this array leaf of `args` into elements: a small
-    floating-point one."""
-    return (
-        jnp.issubdtype(jnp.result_type(x), jnp.inexact) and 0 < x.size <= MAX_COMPONENTS
-    )
+def _splits(x, limit: int = MAX_COMPONENTS) -> bool:
+    """Whether `_split_args` splits this array leaf of `args` into elements: a
+    floating-point one of at most `limit` elements."""
+    return jnp.issubdtype(jnp.result_type(x), jnp.inexact) and 0 < x.size <= limit
 
 
-def _split_args(args):
+def _unstack(x, shape) -> np.ndarray:
+    """`_split`, by one `split` of the flattened array. Its transpose is one
+    concatenation, where that of reading each element (`x[i]`) is a pad to the
+    whole array per element, and the pads are summed: on the CPU, a field reading
+    40 elements so took its gradient 40 times longer than its forward pass (see
+    `ElementField`)."""
+    out = np.empty(shape, dtype=object)
+    size = int(np.prod(shape, dtype=int))
+    if size == 0:
+        return out
+    parts = jnp.split(jnp.reshape(x, (-1,)), size)
+    for idx, part in zip(np.ndindex(*shape), parts):
+        out[idx] = jnp.reshape(part, ())
+    return out
+
+
+def _split_args(args, limit: int = MAX_COMPONENTS, split=_split):
     """`args` as (static part, its array leaves' treedef, the leaves' structs, inputs):
-    small floating-point leaves are split into components once, here, so that the
-    vector field's indexing of them (e.g. `a, b, c = args`) is free and their
-    cotangents are accumulated per component."""
+    floating-point leaves of at most `limit` elements are split into components
+    (by `split`, `_split` or `_unstack`) once, here, so that the vector field's
+    indexing of them (e.g. `a, b, c = args`) is free and their cotangents are
+    accumulated per component."""
     dynamic, static = eqx.partition(args, eqx.is_array)
     leaves, treedef = jtu.tree_flatten(dynamic)
     structs = [struct_of(x) for x in leaves]
     inputs = []
     for x, st in zip(leaves, structs):
-        if _splits(x):
-            inputs.append(_Comp(_split(x, st.shape), st.dtype))
+        if _splits(x, limit):
+            inputs.append(_Comp(split(x, st.shape), st.dtype))
         else:
             inputs.append(x)
     return static, treedef, structs, inputs
@@ -153,15 +168,56 @@ def component_field(f, treedef, layout: Layout, t, comps, split_args) -> list:
 
 
 class ComponentProblem:
-    """A `LeafProblem` whose state is a flat list of components (see `Layout`)."""
+    """A `LeafProblem` whose state is a flat list of components (see `Layout`).
 
-    def __init__(self, f, args, treedef, layout, split_args=None):
+    `args` leaves of at most `arg_limit` elements are read element by element."""
+
+    def __init__(self, f, args, treedef, layout, split_args=None, arg_limit=None):
         self.f = f
         self.treedef = treedef
         self.layout = layout
-        self.split_args = _split_args(args) if split_args is None else split_args
+        if split_args is None:
+            split_args = _split_args(args, arg_limit or MAX_COMPONENTS)
+        self.split_args = split_args
 
     def vf(self, t, comps):
         return component_field(
             self.f, self.treedef, self.layout, t, comps, self.split_args
         )
+
+
+class ElementField:
+    """The user's vector field `f(t, y, args)` on a state held as arrays (a list of
+    leaves of `layout`), evaluated on the state's elements: the state and the
+    `args` leaves of at most as many elements are split into elements once per
+    evaluation (`_unstack`), the field runs on them as on components, and its
+    output is stacked back into leaves.
+
+    For a state too large to be held as components whose field reads it element by
+    element (`y[0] * y[1]`, ..., `jnp.stack`), as kinetics models are written:
+    each read of an element on arrays is a slice, whose transpose is a pad of the
+    whole state, and the gradient sums one such pad per read. A 40-species field
+    so written, 64 trajectories: the gradient took 1.1 s over 14 steps, its
+    forward solve 4 ms; on elements the reads are free and the transpose of the
+    one split is one concatenation.
+    """
+
+    def __init__(self, f, args, treedef, layout: Layout):
+        self.f = f
+        self.args = args
+        self.treedef = treedef
+        self.layout = layout
+        self.arg_limit = max(MAX_COMPONENTS, num_elements(layout))
+
+    def __call__(self, t, leaves: list) -> list:
+        comps = []
+        for x, shape in zip(leaves, self.layout.shapes):
+            comps.extend(_unstack(x, shape).reshape(-1))
+        split_args = _split_args(self.args, self.arg_limit, _unstack)
+        out = component_field(self.f, self.treedef, self.layout, t, comps, split_args)
+        return self.layout.merge(out)
+
+
+def num_elements(layout: Layout) -> int:
+    """The number of elements of a state of `layout`."""
+    return sum(int(np.prod(s, dtype=int)) for s in layout.shapes)

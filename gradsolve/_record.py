@@ -128,7 +128,9 @@ def record_loop(
     num_ts = 0 if plan.ts is None else len(plan.ts)
 
     # A small state is stepped as scalar components (see `_components.py`).
-    representation = Representation(y0, problem, solver.representation, t0)
+    representation = Representation(
+        y0, problem, solver.representation, t0, solver.reads_elements
+    )
     vf = representation.field(problem)
     to_leaves = representation.merge
     y = representation.split(y0)

@@ -71,7 +71,9 @@ def replay_one(
     keep_states = plan.ts is not None or plan.steps
 
     # A small state is stepped as a list of scalar components (see `_components.py`).
-    representation = Representation(y0, problem, solver.representation, t_first)
+    representation = Representation(
+        y0, problem, solver.representation, t_first, solver.reads_elements
+    )
     if representation.layout is not None and not forward_only:
         # The field reads its parameters element by element: each trajectory of a
         # batch gets its own elements, whose cotangents it accumulates alone (see

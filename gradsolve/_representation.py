@@ -2,8 +2,10 @@
 
 `Representation` is the choice made for one problem: `"components"` (see
 `_components.py`) for a small state whose vector field stays small when unrolled
-on them, else `"array"`; the user may force either (`representation=` on the
-solvers). The rule is measured on the field's jaxpr (`choose_layout`).
+on them, else `"array"`, its field evaluated on the state's elements if it reads
+them one by one (`_reads_elements`); the user may force either form
+(`representation=` on the solvers). The rules are measured on the field's jaxpr
+(`choose_layout`).
 """
 
 import functools
@@ -15,7 +17,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.extend import core as jex_core
 
-from ._component_field import ComponentProblem
+from ._component_field import ComponentProblem, ElementField
 from ._components import (
     MAX_COMPONENTS,
     Layout,
@@ -44,6 +46,11 @@ STRUCTURED = frozenset(
     householder_product schur
     """.split()
 )
+
+
+# A larger state's field is not evaluated on its elements (`_reads_elements`): the
+# trace on elements grows with the state.
+MAX_ELEMENT_FIELD = 1024
 
 
 # Primitives that take parts of an array or put arrays together: in a field held in
@@ -109,15 +116,16 @@ def array_field_jaxpr(problem, shapes, dtypes, time_dtype):
     return jax.make_jaxpr(on_arrays)(t, leaves, structs).jaxpr
 
 
-def component_field_jaxpr(problem, layout: Layout, time_dtype):
+def component_field_jaxpr(problem, layout: Layout, time_dtype, arg_limit=None):
     """The jaxpr of one evaluation of `problem`'s field on a state held as the
-    components of `layout` (traced, not compiled; inputs as in
-    `array_field_jaxpr`)."""
+    components of `layout`, `args` leaves of at most `arg_limit` elements read
+    element by element (traced, not compiled; inputs as in `array_field_jaxpr`)."""
     dynamic, static = eqx.partition((problem.f, problem.args), eqx.is_array)
 
     def on_components(t, comps, dynamic):
         f, args = eqx.combine(dynamic, static)
-        return ComponentProblem(f, args, problem.treedef, layout).vf(t, comps)
+        cp = ComponentProblem(f, args, problem.treedef, layout, arg_limit=arg_limit)
+        return cp.vf(t, comps)
 
     t = trajectory_struct((), time_dtype)
     comps = [trajectory_struct((), d) for s, d in zip(layout.shapes, layout.dtypes)
@@ -126,7 +134,9 @@ def component_field_jaxpr(problem, layout: Layout, time_dtype):
     return jax.make_jaxpr(on_components)(t, comps, structs).jaxpr
 
 
-def _components_are_small(problem, layout: Layout, time_dtype, array_jaxpr) -> bool:
+def _components_are_small(
+    problem, layout: Layout, time_dtype, array_jaxpr, arg_limit=None
+) -> bool:
     """Whether one evaluation of `problem`'s field on components takes at most
     `max(COMPONENT_OPS_FLOOR, COMPONENT_OPS_RATIO * n)` operations, `n` those it
     takes on arrays (`array_jaxpr()`, the field's jaxpr on arrays), and the field
@@ -139,8 +149,26 @@ def _components_are_small(problem, layout: Layout, time_dtype, array_jaxpr) -> b
     n_array = count_operations(array_jaxpr)
     limit = max(COMPONENT_OPS_FLOOR, COMPONENT_OPS_RATIO * n_array)
     with operation_budget(limit) as exceeded:
-        jaxpr = component_field_jaxpr(problem, layout, time_dtype)
+        jaxpr = component_field_jaxpr(problem, layout, time_dtype, arg_limit)
     return not exceeded() and count_operations(jaxpr) <= limit
+
+
+def _reads_elements(problem, leaves, t, array_jaxpr) -> Layout | None:
+    """The `Layout` of a state of `leaves` held as arrays whose field is evaluated
+    on its elements (`ElementField`), or `None`: for a floating-point state of
+    more than `MAX_COMPONENTS` and at most `MAX_ELEMENT_FIELD` elements whose field
+    on elements is small by `_components_are_small`'s measure (a field written
+    element by element: on elements it takes no more operations than on arrays;
+    a field of slices, elementwise operations or matrix products on the whole
+    state takes many times more)."""
+    floating = all(jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in leaves)
+    size = num_components(leaves)
+    if not floating or not MAX_COMPONENTS < size <= MAX_ELEMENT_FIELD:
+        return None
+    layout = Layout.of(leaves)
+    time_dtype = jnp.result_type(*layout.dtypes) if t is None else jnp.result_type(t)
+    small = _components_are_small(problem, layout, time_dtype, array_jaxpr, size)
+    return layout if small else None
 
 
 def _loops_stages(array_jaxpr) -> bool:
@@ -217,15 +245,32 @@ class Representation:
 
     `split(leaves, batch_dims)` and `merge(comps, batch_dims)` convert (with
     `batch_dims` leading axes); `field(problem)` is the vector field on the
-    representation (in array form marked `LoopedStages` where `stage_loop`, see
-    `_loops_stages`). Build the field outside any loop over steps: it splits the
-    problem's `args` once.
+    representation. In array form it is evaluated on the state's elements where
+    `elements` is a `Layout` (with `"auto"` and `reads_elements`, the solver's
+    say; see `_reads_elements`), and marked `LoopedStages` where `stage_loop` (see
+    `_loops_stages`). Build the field outside any loop over steps: on components
+    it splits the problem's `args` once.
     """
 
-    def __init__(self, leaves, problem=None, representation: str = "auto", t=None):
-        # The field on arrays is traced at most once, for both decisions.
+    def __init__(
+        self,
+        leaves,
+        problem=None,
+        representation: str = "auto",
+        t=None,
+        reads_elements: bool = True,
+    ):
+        # The field on arrays is traced at most once, for all decisions.
         array_jaxpr = _traced_once(problem, leaves, t)
         self.layout = choose_layout(leaves, problem, representation, t, array_jaxpr)
+        self.elements = None
+        if (
+            reads_elements
+            and representation == "auto"
+            and self.layout is None
+            and problem is not None
+        ):
+            self.elements = _reads_elements(problem, leaves, t, array_jaxpr)
         self.stage_loop = (
             self.layout is None and problem is not None and _loops_stages(array_jaxpr)
         )
@@ -263,7 +308,12 @@ class Representation:
         `split_args` (see `args_from_elements`) replaces splitting `problem.args`,
         for arguments that arrive already split into elements."""
         if self.layout is None:
-            return LoopedStages(problem.vf) if self.stage_loop else problem.vf
+            vf = problem.vf
+            if self.elements is not None:
+                vf = ElementField(
+                    problem.f, problem.args, problem.treedef, self.elements
+                )
+            return LoopedStages(vf) if self.stage_loop else vf
         cp = ComponentProblem(
             problem.f, problem.args, problem.treedef, self.layout, split_args
         )

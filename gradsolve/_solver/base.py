@@ -244,6 +244,10 @@ class AbstractGradsolveSolver(eqx.Module):
         Callable[..., diffrax.AbstractLocalInterpolation]
     ]
     representation: str = eqx.field(default="auto", static=True, kw_only=True)
+    # Whether, with `representation="auto"`, a large state whose field reads it
+    # element by element is held as arrays with its field evaluated on elements
+    # (`_component_field.ElementField`).
+    reads_elements: ClassVar[bool] = True
 
     @property
     def derivative_representation(self) -> str:

@@ -161,6 +161,11 @@ class AbstractRosenbrock(diffrax.AbstractAdaptiveSolver, AbstractGradsolveSolver
     tableau: ClassVar[RosenbrockTableau]
     term_structure: ClassVar = diffrax.AbstractTerm
     interpolation_cls: ClassVar = RosenbrockInterpolation
+    # Measured on a 36-species network written species by species (Rodas5, 16
+    # trajectories): the one-call gradient took 318 ms with its field on
+    # elements, 201 ms on arrays (its Jacobian is a forward-mode pass over the
+    # field either way).
+    reads_elements: ClassVar[bool] = False
 
     @property
     def derivative_representation(self) -> str:
@@ -202,7 +207,9 @@ class AbstractRosenbrock(diffrax.AbstractAdaptiveSolver, AbstractGradsolveSolver
         del solver_state, made_jump
         leaves, treedef = jtu.tree_flatten(y0)
         problem = LeafProblem(f=terms.vf, args=args, treedef=treedef)
-        representation = Representation(leaves, problem, self.representation, t0)
+        representation = Representation(
+            leaves, problem, self.representation, t0, self.reads_elements
+        )
         y1, y_error, dense = rosenbrock_step(
             self.tableau,
             representation.field(problem),
