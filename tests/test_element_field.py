@@ -20,7 +20,7 @@ from .references import StoredReferences
 
 
 REFERENCES = StoredReferences(__file__)
-SPECIES = 36
+SPECIES = 34
 Y0 = jnp.linspace(0.2, 1.2, SPECIES)
 RATES = jnp.linspace(0.5, 1.5, SPECIES)
 CTRL = gs.PIDController(rtol=1e-8, atol=1e-8)
