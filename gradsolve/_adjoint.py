@@ -91,10 +91,15 @@ def adjoint_loop(
     y0_leaves, args, f = diff
     problem = LeafProblem(f=f, args=args, treedef=treedef)
     recorded = Representation(
-        y0_leaves, problem, solver.representation, mesh.ts[0], solver.reads_elements
+        y0_leaves,
+        problem,
+        solver.representation,
+        mesh.ts[0],
+        solver.reads_elements(False),
     )
     representation = recorded
-    if solver.derivative_representation != solver.representation:
+    walked = (solver.derivative_representation, solver.reads_elements(True))
+    if walked != (solver.representation, solver.reads_elements(False)):
         # Walked back in the form the solver's steps differentiate fastest in,
         # from the states kept as the recording held them (steps recomputed in
         # another form equal the recorded ones to round-off).
@@ -103,7 +108,7 @@ def adjoint_loop(
             problem,
             solver.derivative_representation,
             mesh.ts[0],
-            solver.reads_elements,
+            solver.reads_elements(True),
         )
         states = representation.split(recorded.merge(states, 1), 1)
     split, merge = representation.split, representation.merge

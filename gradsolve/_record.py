@@ -129,7 +129,7 @@ def record_loop(
 
     # A small state is stepped as scalar components (see `_components.py`).
     representation = Representation(
-        y0, problem, solver.representation, t0, solver.reads_elements
+        y0, problem, solver.representation, t0, solver.reads_elements(False)
     )
     vf = representation.field(problem)
     to_leaves = representation.merge

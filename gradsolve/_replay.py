@@ -72,7 +72,7 @@ def replay_one(
 
     # A small state is stepped as a list of scalar components (see `_components.py`).
     representation = Representation(
-        y0, problem, solver.representation, t_first, solver.reads_elements
+        y0, problem, solver.representation, t_first, solver.reads_elements(True)
     )
     if representation.layout is not None and not forward_only:
         # The field reads its parameters element by element: each trajectory of a

@@ -246,8 +246,9 @@ class Representation:
     `split(leaves, batch_dims)` and `merge(comps, batch_dims)` convert (with
     `batch_dims` leading axes); `field(problem)` is the vector field on the
     representation. In array form it is evaluated on the state's elements where
-    `elements` is a `Layout` (with `"auto"` and `reads_elements`, the solver's
-    say; see `_reads_elements`), and marked `LoopedStages` where `stage_loop` (see
+    `elements` is a `Layout` (see `_reads_elements`; only if `reads_elements`,
+    by default with `"auto"`: the solver says, `AbstractGradsolveSolver.
+    reads_elements`), and marked `LoopedStages` where `stage_loop` (see
     `_loops_stages`). Build the field outside any loop over steps: on components
     it splits the problem's `args` once.
     """
@@ -258,18 +259,16 @@ class Representation:
         problem=None,
         representation: str = "auto",
         t=None,
-        reads_elements: bool = True,
+        reads_elements: bool | None = None,
     ):
         # The field on arrays is traced at most once, for all decisions.
         array_jaxpr = _traced_once(problem, leaves, t)
         self.layout = choose_layout(leaves, problem, representation, t, array_jaxpr)
         self.elements = None
-        if (
-            reads_elements
-            and representation == "auto"
-            and self.layout is None
-            and problem is not None
-        ):
+        if reads_elements is None:
+            reads_elements = representation == "auto"
+        self.elements = None
+        if reads_elements and self.layout is None and problem is not None:
             self.elements = _reads_elements(problem, leaves, t, array_jaxpr)
         self.stage_loop = (
             self.layout is None and problem is not None and _loops_stages(array_jaxpr)

@@ -75,6 +75,15 @@ def test_a_large_field_written_element_by_element_reads_elements():
         assert rep.layout is None and rep.elements is None
 
 
+def test_solvers_say_where_they_read_elements():
+    # Explicit solvers wherever "auto"; Rosenbrock solvers in differentiated
+    # steps only (their forward step is a forward-mode pass, cheaper on arrays).
+    for differentiated in (False, True):
+        assert gs.Tsit5().reads_elements(differentiated)
+        assert not gs.Tsit5(representation="array").reads_elements(differentiated)
+        assert gs.Rodas5().reads_elements(differentiated) == differentiated
+
+
 def test_elements_only_up_to_the_limit(monkeypatch):
     monkeypatch.setattr(_representation, "MAX_ELEMENT_FIELD", SPECIES - 1)
     assert _representation_of(network, Y0, RATES).elements is None
@@ -174,3 +183,49 @@ def test_element_field_forward_and_reverse_agree(solver):
 
     forward, reverse = jax.jacfwd(final)(RATES), jax.jacrev(final)(RATES)
     assert max_relative_error(forward, reverse) < 1e-12
+
+
+def test_rosenbrock_step_on_elements_equals_it_on_arrays():
+    # A Rodas5 step linearises the field (a forward-mode pass over it) and
+    # differentiates through that: on elements as on arrays, to round-off.
+    y0, k = Y0[:4], RATES[:4]
+    treedef = jtu.tree_structure(y0)
+
+    def step(y0, k, on_elements):
+        vf = LeafProblem(network, k, treedef).vf
+        if on_elements:
+            vf = ElementField(network, k, treedef, Layout.of([y0]))
+        y1, error, _, _ = gs.Rodas5().step_leaves(vf, 0.1, 0.4, 1, [y0], None)
+        return y1, error
+
+    def pullback(y0, k, on_elements):
+        out, vjp = jax.vjp(lambda y0, k: step(y0, k, on_elements), y0, k)
+        return out, vjp(jax.tree.map(jnp.cos, out))
+
+    arrays = jax.jit(pullback, static_argnums=2)(y0, k, False)
+    elements = jax.jit(pullback, static_argnums=2)(y0, k, True)
+    assert max_relative_error(elements, arrays) < 1e-13
+
+
+@pytest.mark.slow
+def test_rosenbrock_walks_back_on_elements():
+    # Rodas5 records on arrays and walks back on elements: the one-call gradient
+    # against forward mode over a replay of its mesh.
+    ts = jnp.linspace(0.5, 2.0, 3)
+    term, solver, saveat = gs.ODETerm(network), gs.Rodas5(), gs.SaveAt(ts=ts)
+    ctrl = gs.PIDController(rtol=1e-7, atol=1e-9)
+
+    def one_call(k):
+        sol = gs.diffeqsolve(term, solver, 0.0, 2.0, None, Y0, k,
+                             stepsize_controller=ctrl, saveat=saveat)  # fmt: skip
+        return jnp.sum(sol.ys**2)
+
+    mesh = gs.record(term, solver, 0.0, 2.0, None, Y0, RATES, stepsize_controller=ctrl)
+
+    def over_mesh(k):
+        return jnp.sum(gs.replay(mesh, term, solver, Y0, k, saveat=saveat).ys ** 2)
+
+    direction = jnp.sin(jnp.arange(SPECIES, dtype=float))
+    grad = jax.jit(jax.grad(one_call))(RATES)
+    _, tangent = jax.jit(lambda k, v: jax.jvp(over_mesh, (k,), (v,)))(RATES, direction)
+    assert abs(jnp.vdot(grad, direction) - tangent) < 1e-9 * abs(tangent)

@@ -244,10 +244,6 @@ class AbstractGradsolveSolver(eqx.Module):
         Callable[..., diffrax.AbstractLocalInterpolation]
     ]
     representation: str = eqx.field(default="auto", static=True, kw_only=True)
-    # Whether, with `representation="auto"`, a large state whose field reads it
-    # element by element is held as arrays with its field evaluated on elements
-    # (`_component_field.ElementField`).
-    reads_elements: ClassVar[bool] = True
 
     @property
     def derivative_representation(self) -> str:
@@ -255,6 +251,15 @@ class AbstractGradsolveSolver(eqx.Module):
         state (the one-call adjoint's, `gs.fit`'s): the solver's own, unless a
         subclass knows better for `"auto"`."""
         return self.representation
+
+    def reads_elements(self, differentiated: bool) -> bool:
+        """Whether a large state whose field reads it element by element, held as
+        arrays, has its field evaluated on its elements
+        (`_component_field.ElementField`), in steps that are `differentiated`
+        (replayed, or walked back by the one-call adjoint) or not (recorded):
+        with `representation="auto"`."""
+        del differentiated
+        return self.representation == "auto"
 
     @property
     @abc.abstractmethod
