@@ -32,9 +32,7 @@ def _splits(x, limit: int = MAX_COMPONENTS) -> bool:
 def _unstack(x, shape) -> np.ndarray:
     """`_split`, by one `split` of the flattened array. Its transpose is one
     concatenation, where that of reading each element (`x[i]`) is a pad to the
-    whole array per element, and the pads are summed: on the CPU, a field reading
-    40 elements so took its gradient 40 times longer than its forward pass (see
-    `ElementField`)."""
+    whole array per element, and the pads are summed (see `ElementField`)."""
     out = np.empty(shape, dtype=object)
     size = int(np.prod(shape, dtype=int))
     if size == 0:
@@ -196,10 +194,10 @@ class ElementField:
     For a state too large to be held as components whose field reads it element by
     element (`y[0] * y[1]`, ..., `jnp.stack`), as kinetics models are written:
     each read of an element on arrays is a slice, whose transpose is a pad of the
-    whole state, and the gradient sums one such pad per read. A 40-species field
-    so written, 64 trajectories: the gradient took 1.1 s over 14 steps, its
-    forward solve 4 ms; on elements the reads are free and the transpose of the
-    one split is one concatenation.
+    whole state, and the gradient sums one such pad per read. A 40-species network
+    so written, 64 trajectories, 16 steps: Diffrax's gradient took 117 ms where
+    its forward solve takes 3 ms; on elements the reads are free and the
+    transpose of the one split is one concatenation (15 ms over a mesh).
     """
 
     def __init__(self, f, args, treedef, layout: Layout):
@@ -207,7 +205,8 @@ class ElementField:
         self.args = args
         self.treedef = treedef
         self.layout = layout
-        self.arg_limit = max(MAX_COMPONENTS, num_elements(layout))
+        size = sum(int(np.prod(shape, dtype=int)) for shape in layout.shapes)
+        self.arg_limit = max(MAX_COMPONENTS, size)
 
     def __call__(self, t, leaves: list) -> list:
         comps = []
@@ -216,8 +215,3 @@ class ElementField:
         split_args = _split_args(self.args, self.arg_limit, _unstack)
         out = component_field(self.f, self.treedef, self.layout, t, comps, split_args)
         return self.layout.merge(out)
-
-
-def num_elements(layout: Layout) -> int:
-    """The number of elements of a state of `layout`."""
-    return sum(int(np.prod(s, dtype=int)) for s in layout.shapes)

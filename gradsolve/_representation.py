@@ -264,7 +264,6 @@ class Representation:
         # The field on arrays is traced at most once, for all decisions.
         array_jaxpr = _traced_once(problem, leaves, t)
         self.layout = choose_layout(leaves, problem, representation, t, array_jaxpr)
-        self.elements = None
         if reads_elements is None:
             reads_elements = representation == "auto"
         self.elements = None
