@@ -69,8 +69,14 @@ def test_a_large_field_written_element_by_element_reads_elements():
     def matrix(t, y, w):
         return w @ y - y * y
 
+    def decay(t, y, k):
+        # One operation on arrays, 34 on elements: below the components' floor
+        # of 64, which large states do not get.
+        return -0.5 * y
+
     w = jnp.ones((SPECIES, SPECIES)) / SPECIES
-    for field, args in [(slices, RATES), (elementwise, RATES), (matrix, w)]:
+    cases = [(slices, RATES), (elementwise, RATES), (matrix, w), (decay, None)]
+    for field, args in cases:
         rep = _representation_of(field, Y0, args)
         assert rep.layout is None and rep.elements is None
 
