@@ -182,7 +182,9 @@ def main():
         print(table(results, [n for n in FILES if n in results]))
         return
     for name in files:
-        results[name] = {}
+        # Only the modes run now are replaced: a run of one mode keeps the file's
+        # results in the others.
+        results[name] = dict(results.get(name, {}))
         for mode in a.modes.split(","):
             out = run_file(
                 a.tree,
