@@ -124,6 +124,8 @@ def _stack(elems: np.ndarray, dtype):
     """An object array of scalars as one array."""
     if elems.ndim == 0:
         return jnp.asarray(elems[()], dtype=dtype)
+    if elems.size == 0:  # `jnp.stack` needs at least one array
+        return jnp.zeros(elems.shape, dtype)
     flat = [jnp.asarray(e, dtype=dtype) for e in elems.reshape(-1)]
     return jnp.reshape(jnp.stack(flat), elems.shape)
 

@@ -37,13 +37,15 @@ def network(t, y, k):
 
 
 def mixed(t, y, args):
-    # Two leaves, one of them 2-D; element reads of the state and of `args`, a
-    # matrix product (too large to unroll) and a reduction over the state.
+    # Three leaves, one of them 2-D, one of them empty; element reads of the
+    # state and of `args`, a matrix product (too large to unroll) and a
+    # reduction over the state.
     w, k = args
     a, b = y["a"], y["b"]
     n = a.shape[0]
     rates = [k[i] * a[i] - a[(i + 1) % n] * b[i % 2, i % 3] for i in range(n)]
-    return {"a": jnp.stack(rates) + 0.1 * jnp.tanh(w @ a), "b": -b * jnp.sum(a) * t}
+    a_rates = jnp.stack(rates) + 0.1 * jnp.tanh(w @ a)
+    return {"a": a_rates, "b": -b * jnp.sum(a) * t, "empty": -0.8 * y["empty"]}
 
 
 def _representation_of(f, y0, args, representation="auto"):
@@ -72,13 +74,16 @@ def test_a_large_field_written_element_by_element_reads_elements():
     def decay(t, y, k):
         # One operation on arrays, 34 on elements: below the components' floor
         # of 64, which large states do not get.
-        return -0.5 * y
+        return jtu.tree_map(lambda x: -0.5 * x, y)
 
     w = jnp.ones((SPECIES, SPECIES)) / SPECIES
     cases = [(slices, RATES), (elementwise, RATES), (matrix, w), (decay, None)]
     for field, args in cases:
         rep = _representation_of(field, Y0, args)
         assert rep.layout is None and rep.elements is None
+    # So with an empty leaf beside the state (nothing to stack back).
+    rep = _representation_of(decay, (Y0, jnp.zeros((2, 0))), None)
+    assert rep.layout is None and rep.elements is None
 
 
 def test_solvers_say_where_they_read_elements():
@@ -97,6 +102,7 @@ def test_elements_only_up_to_the_limit(monkeypatch):
 
 def test_element_field_equals_the_field_on_arrays():
     y0 = {"a": Y0, "b": jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)}
+    y0["empty"] = jnp.zeros((2, 0))
     w = jnp.cos(jnp.arange(SPECIES**2, dtype=float)).reshape(SPECIES, SPECIES)
     args = (w, RATES)
     leaves, treedef = jtu.tree_flatten(y0)
