@@ -504,13 +504,13 @@ def _per_evaluation_fit(y0s, ts, data, **kwargs):
 def test_per_evaluation_meshes_follow_the_diffrax_fit(lv_data, jac):
     # A mesh recorded at every evaluation: the residuals are the adaptive solve's
     # and their derivative Diffrax's, so the optimiser takes the same steps until
-    # the loss reaches its round-off floor, where which steps round down is luck
-    # (here the Diffrax fit spends up to 19 more iterations there: 31 against 12,
-    # since its forward-mode blocks batch tangents outside trajectories).
+    # the loss reaches its round-off floor and ends at the same parameters. How
+    # long it wanders on that floor is luck, not compared: 12 iterations here
+    # against Diffrax's 31 with XLA's default code generation, 32 against 31 with
+    # its older fusion emitters, its residual norm the same to 2e-14 either way.
     fit = _per_evaluation_fit(*lv_data, jac=jac)
-    params, result, iterations = _diffrax_fit(lv_data, jac)
+    params, result, _ = _diffrax_fit(lv_data, jac)
     assert fit.result == optx.RESULTS.successful and result == SUCCESS
-    assert fit.stats["iterations"] <= iterations
     np.testing.assert_allclose(fit.params, params, rtol=lv.OPTIMISER.rtol)
     assert fit.mesh is not None and fit.stats["residual_norm"] > 0
     # One recording per evaluation (the short first buffer needs no sizing).
