@@ -81,18 +81,22 @@ def _release_compiled_programs():
     gc.collect()
 
 
-# The longest files (`--durations=0`, 2026-12-05), run first: `--dist loadfile`
-# gives each free worker the next file, so long files started last would leave one
-# worker running alone at the end (`--no-loadscope-reorder` keeps this order).
+# The longest files (`--durations=0`, 2026-12-07, the tests compiled as above), run
+# first: `--dist loadfile` gives each free worker the next file, so long files
+# started last would leave one worker running alone at the end
+# (`--no-loadscope-reorder` keeps this order).
 LONGEST_FIRST = (
     "test_fit.py",
     "test_gradients.py",
     "test_large_ensembles.py",
-    "test_rosenbrock.py",
     "test_dropin.py",
+    "test_rosenbrock.py",
     "test_forward_mode.py",
-    "test_kernel.py",
+    "test_examples.py",
     "test_memory_budget.py",
+    "test_kernel.py",
+    "test_ensemble.py",
+    "test_element_field.py",
 )
 
 
