@@ -18,8 +18,8 @@ _CACHE_DIR = "JAX_COMPILATION_CACHE_DIR"
 # elemental code generation, slower code but faster to compile), the default suite
 # took 449 s instead of 589 s (406 tests, 2026-12-07, 2-core AMD EPYC), every test
 # passing either way. Left out where XLA does not know the flag, or when
-# `GRADSOLVE_TEST_XLA_DEFAULTS=1` asks for XLA's defaults (CI runs every test
-# again so).
+# `GRADSOLVE_TEST_XLA_DEFAULTS=1` asks for XLA's defaults (CI runs the long tests
+# so).
 _FAST_COMPILE_FLAG = "--xla_cpu_use_fusion_emitters=false"
 _XLA_DEFAULTS = "GRADSOLVE_TEST_XLA_DEFAULTS"
 

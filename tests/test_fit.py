@@ -510,7 +510,7 @@ def test_per_evaluation_meshes_follow_the_diffrax_fit(lv_data, jac):
     # against Diffrax's 31 with XLA's default code generation, 32 against 31 with
     # the fusion emitters off (as `conftest.py` compiles the tests; its residual
     # norm the same to 2e-14 either way), so the count is compared with XLA's
-    # defaults only (as users compile, and CI's second run of the suite).
+    # defaults only (as users compile: `GRADSOLVE_TEST_XLA_DEFAULTS=1`).
     fit = _per_evaluation_fit(*lv_data, jac=jac)
     params, result, iterations = _diffrax_fit(lv_data, jac)
     assert fit.result == optx.RESULTS.successful and result == SUCCESS
