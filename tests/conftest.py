@@ -56,12 +56,15 @@ def _compile_fast():
         return
     flags = f"{flags} {_FAST_COMPILE_FLAG}".strip()
     probe = "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()"
-    accepted = subprocess.run(
-        [sys.executable, "-c", probe],
-        env={**os.environ, "XLA_FLAGS": flags},
-        capture_output=True,
-        timeout=300,
-    )
+    try:
+        accepted = subprocess.run(
+            [sys.executable, "-c", probe],
+            env={**os.environ, "XLA_FLAGS": flags},
+            capture_output=True,
+            timeout=300,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return  # XLA's defaults, then
     if accepted.returncode == 0:
         os.environ["XLA_FLAGS"] = flags
 
