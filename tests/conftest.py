@@ -8,20 +8,12 @@ import tempfile
 import jax
 import pytest
 
+from .xla_settings import FAST_COMPILE_FLAG, XLA_DEFAULTS
+
 
 jax.config.update("jax_enable_x64", True)
 
 _CACHE_DIR = "JAX_COMPILATION_CACHE_DIR"
-
-# The suite compiles several hundred programs and runs most of them once or
-# twice, so most of its time is XLA's: with its CPU fusion emitters off (the older
-# elemental code generation, slower code but faster to compile), the default suite
-# took 449 s instead of 589 s (406 tests, 2026-12-07, 2-core AMD EPYC), every test
-# passing either way. Left out where XLA does not know the flag, or when
-# `GRADSOLVE_TEST_XLA_DEFAULTS=1` asks for XLA's defaults (CI runs the long tests
-# so).
-_FAST_COMPILE_FLAG = "--xla_cpu_use_fusion_emitters=false"
-_XLA_DEFAULTS = "GRADSOLVE_TEST_XLA_DEFAULTS"
 
 
 def pytest_configure(config):
@@ -48,13 +40,19 @@ def pytest_configure(config):
 
 
 def _compile_fast():
-    """Add `_FAST_COMPILE_FLAG` to `XLA_FLAGS` for this process and the ones it
+    """Add `FAST_COMPILE_FLAG` to `XLA_FLAGS` for this process and the ones it
     starts, before XLA reads them (at its first computation), if XLA accepts it:
-    an unknown flag would abort every process."""
+    an unknown flag would abort every process.
+
+    The suite compiles several hundred programs and runs most of them once or
+    twice, so most of its time is XLA's: with its CPU fusion emitters off, the
+    default suite took 449 s instead of 589 s (406 tests, 2026-12-07, 2-core AMD
+    EPYC), every test passing either way. Left out when `XLA_DEFAULTS` is set to 1
+    (CI runs the long tests so) or `XLA_FLAGS` already says how to fuse."""
     flags = os.environ.get("XLA_FLAGS", "")
-    if os.environ.get(_XLA_DEFAULTS) == "1" or "fusion_emitters" in flags:
+    if os.environ.get(XLA_DEFAULTS) == "1" or "fusion_emitters" in flags:
         return
-    flags = f"{flags} {_FAST_COMPILE_FLAG}".strip()
+    flags = f"{flags} {FAST_COMPILE_FLAG}".strip()
     probe = "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()"
     try:
         accepted = subprocess.run(
