@@ -578,6 +578,32 @@ def test_per_evaluation_second_fit_of_the_same_shape_compiles_nothing(lv_data):
     assert names == []
 
 
+def test_a_fit_program_traces_its_replay_once(monkeypatch):
+    # The residuals and their Jacobian blocks replay the same trajectories. JAX
+    # traces the blocks (a custom derivative's rule) under another abstract-mesh
+    # context than the residuals, which alone would trace the replay a second time.
+    import gradsolve._replay as replay_module
+
+    traces = []
+    steps = replay_module.mesh_steps
+
+    def counted(mesh):
+        traces.append(mesh)
+        return steps(mesh)
+
+    monkeypatch.setattr(replay_module, "mesh_steps", counted)
+    term = gs.ODETerm(lambda t, y, k: -k * y)
+    ts = jnp.array([0.5, 1.0, 2.0])
+    y0s = jnp.array([[1.0], [2.0]])
+    data = y0s[:, None, :] * jnp.exp(-0.7 * ts)[None, :, None]
+    ctrl = gs.PIDController(rtol=1e-8, atol=1e-8)
+    fit = gs.fit(term, gs.Tsit5(), jnp.asarray(0.5), y0s, ts, data, jac="fwd",
+                 stepsize_controller=ctrl, meshes="per_evaluation")  # fmt: skip
+    assert fit.result == optx.RESULTS.successful
+    np.testing.assert_allclose(fit.params, 0.7, rtol=1e-6)
+    assert len(traces) == 1
+
+
 def test_max_steps_holds_after_an_earlier_fit_of_the_same_shape(monkeypatch):
     # A later fit of the same structure reuses an earlier fit's buffer length
     # (no new compilation), but never one longer than its own `max_steps`: a fit
