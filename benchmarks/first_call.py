@@ -55,15 +55,20 @@ print(json.dumps(dict(forward=forward, gradient=gradient)))
 """
 
 
-def first_call(lib: str, problem: str) -> dict:
-    benchmarks = str(pathlib.Path(__file__).resolve().parent)
-    code = CHILD.format(benchmarks=benchmarks, lib=lib, problem=problem)
+def run_child(code: str):
+    """Run `code` in a fresh Python process and return the JSON value its last line
+    of output prints (its error output raised if it fails)."""
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=False
     )
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-3000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def first_call(lib: str, problem: str) -> dict:
+    benchmarks = str(pathlib.Path(__file__).resolve().parent)
+    return run_child(CHILD.format(benchmarks=benchmarks, lib=lib, problem=problem))
 
 
 def main(argv=None):

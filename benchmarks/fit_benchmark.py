@@ -34,7 +34,6 @@ import json
 import pathlib
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
@@ -48,6 +47,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import numpy as np  # noqa: E402
 import optimistix as optx  # noqa: E402
+from first_call import run_child  # noqa: E402
 from fit_problems import CASES  # noqa: E402
 
 
@@ -105,12 +105,7 @@ def fresh_first_calls(case, n: int, jac: str, names, runs: int) -> dict:
                 benchmarks=benchmarks, problem=case.name, n=n, jac=jac,
                 meshes=GRADSOLVE.get(name),
             )  # fmt: skip
-            done = subprocess.run(
-                [sys.executable, "-c", code], capture_output=True, text=True
-            )
-            if done.returncode != 0:
-                raise RuntimeError(done.stderr[-3000:])
-            out[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            out[name].append(run_child(code))
     return out
 
 
