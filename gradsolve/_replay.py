@@ -363,14 +363,9 @@ def replay_values(mesh: RecordedMesh, terms, solver, y0, args, ts, forward_only)
         terms, mesh.ts[0], mesh.ts[-1], None, y0, args, diffrax.SaveAt(ts=ts)
     )
     check_state(mesh, prepared.y0, prepared.problem.treedef)
-    # Traced under the current abstract mesh as an explicit context: JAX traces a
-    # custom derivative's rule (the fit's Jacobian blocks) with the empty mesh set
-    # where the primal saw none, and that difference alone made `replay_one` trace
-    # the whole replay again (about a tenth of a FitzHugh-Nagumo fit's trace).
-    with jax.sharding.use_abstract_mesh(jax.sharding.get_abstract_mesh()):
-        _, ys, _ = replay_one(
-            mesh, prepared.problem, solver, prepared.y0, prepared.plan, forward_only
-        )
+    _, ys, _ = replay_one(
+        mesh, prepared.problem, solver, prepared.y0, prepared.plan, forward_only
+    )
     return jtu.tree_unflatten(prepared.problem.treedef, ys)
 
 
