@@ -197,6 +197,7 @@ def test_element_field_forward_and_reverse_agree(solver):
     assert max_relative_error(forward, reverse) < 1e-12
 
 
+@pytest.mark.bitwise
 def test_rosenbrock_step_on_elements_equals_it_on_arrays():
     # A Rodas5 step linearises the field (a forward-mode pass over it) and
     # differentiates through that: on elements as on arrays, to round-off.

@@ -5,6 +5,7 @@ import jax
 import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import gradsolve as gs
 
@@ -18,6 +19,7 @@ REFERENCES = StoredReferences(__file__)
 CTRL = diffrax.PIDController(rtol=1e-7, atol=1e-7)
 
 
+@pytest.mark.bitwise
 def test_vmapped_ensemble_matches_single_solves():
     problem = PROBLEMS["lotka_volterra"]
     term = diffrax.ODETerm(problem.f)

@@ -91,6 +91,7 @@ ROWS = {
 }
 
 
+@pytest.mark.bitwise
 @pytest.mark.parametrize("row", list(ROWS))
 def test_fallback_equals_diffrax(row):
     solver, kwargs = ROWS[row]

@@ -19,6 +19,10 @@ from gradsolve._kernel_select import use_kernel
 from .helpers import PROBLEMS
 
 
+# The kernel's results are compared with the XLA loop's bit for bit.
+pytestmark = pytest.mark.bitwise
+
+
 LORENZ = PROBLEMS["lorenz"]
 TERM = diffrax.ODETerm(LORENZ.f)
 CTRL = gs.PIDController(rtol=1e-5, atol=1e-5)

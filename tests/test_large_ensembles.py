@@ -18,6 +18,10 @@ from gradsolve._short_buffer import SHORT_BUFFER
 from .helpers import PROBLEMS
 
 
+# Chunked and unchunked results are compared bit for bit.
+pytestmark = pytest.mark.bitwise
+
+
 L = PROBLEMS["lorenz"]
 TERM = diffrax.ODETerm(L.f)
 CTRL = diffrax.PIDController(rtol=1e-6, atol=1e-6)

@@ -49,6 +49,7 @@ def test_failed_recording_is_not_replayed_silently():
     jax.jit(lambda m: replay(m).ys)(good)
 
 
+@pytest.mark.bitwise
 def test_failed_trajectories_of_a_batched_mesh():
     # The second trajectory (a third of the others' populations) needs more steps.
     one = lambda y0: _record(y0, t1=6.0, max_steps=40, throw=False)
@@ -72,6 +73,7 @@ def test_failed_trajectories_of_a_batched_mesh():
     np.testing.assert_array_equal(sol.ys[ok], alone.ys)
 
 
+@pytest.mark.bitwise
 def test_each_trajectory_of_a_batch_records_as_it_does_alone():
     # Rows that stop at different times, one of them for want of steps, with save
     # times and forced step ends: under vmap the recording loop runs until the

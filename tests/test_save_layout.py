@@ -56,6 +56,7 @@ def test_noted_steps_are_the_searched_ones(t0, t1, max_steps, num_ts):
     np.testing.assert_array_equal(out.layout.step_slot, searched.step_slot)
 
 
+@pytest.mark.bitwise
 def test_many_values_per_step_are_diffraxs():
     # At rtol 1e-3 a step spans dozens of the 301 save times: more than one window
     # of them, on trajectories that take different steps (`vmap`).

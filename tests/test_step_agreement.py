@@ -21,6 +21,10 @@ import pytest
 import gradsolve as gs
 
 
+# The steps are compared with Diffrax's bit for bit.
+pytestmark = pytest.mark.bitwise
+
+
 def _damped(t, y, a):
     return jnp.stack([y[1], -a[0] * y[0] - a[1] * y[1]])
 
