@@ -21,11 +21,13 @@ def pytest_configure(config):
     workers and the child processes the tests start (through the environment,
     which they inherit), removed when the run ends.
 
-    Many programs are compiled more than once in a run: each worker compiles its
+    Some programs are compiled more than once in a run: each worker compiles its
     own, and every test module starts with the in-memory caches cleared (see
     `_release_compiled_programs`). A program XLA has compiled once is read back
-    instead: the same executable, ~30 s less of a 6-minute run. Each run starts
-    empty, so every program is still compiled once.
+    instead: the same executable. Each run starts empty, so every program is still
+    compiled once. (With the compilation as `_optimise_less` sets it, the default
+    suite gains nothing from it: 386 s without it, 390-392 s with it, 2026-12-08;
+    it once saved ~30 s of a 6-minute run.)
     """
     if hasattr(config, "workerinput"):
         return  # a worker: the controller's environment holds the cache
