@@ -476,6 +476,7 @@ def test_minimiser_with_reverse_mode_gradient(lv_data, lv_fwd):
 
 
 @pytest.mark.slow
+@pytest.mark.bitwise
 def test_minimiser_with_meshes_recorded_per_evaluation(lv_data, lv_fwd):
     # BFGS with forward-mode gradients (one compiled program): the mesh returned
     # is the one recorded at the answer, and so is the residual norm.
