@@ -94,11 +94,12 @@ def _optimise_less():
     and the ones it starts, unless `XLA_DEFAULTS` is set to 1 or the variable is
     set already (`0` keeps them).
 
-    With the fusion emitters off as well, the default suite took 407 s instead of
-    487 s (worker time 778 s instead of 941 s; 407 tests, 2026-12-08, 2-core AMD
-    EPYC): most of its programs run once or twice, and LLVM at -O0 compiles them
-    much faster than they run slower. Tests marked `bitwise` keep the
-    optimisations (`pytest_runtest_setup`)."""
+    With the fusion emitters off as well, the default suite took 383-392 s
+    instead of 487 s (test time on the two workers 750 s instead of 941 s; 407
+    tests, 2026-12-08, 2-core AMD EPYC): most of its programs run once or twice,
+    and what LLVM at -O0 saves in compiling them outweighs what they lose in
+    running. Tests marked `bitwise` keep the optimisations
+    (`pytest_runtest_setup`)."""
     if os.environ.get(XLA_DEFAULTS) == "1":
         return
     # Read by JAX when it is imported (the workers, the child processes); this

@@ -213,9 +213,9 @@ def measure(*specs: dict) -> list[dict]:
     (`memory_analysis()` of the compiled program: temporaries and outputs) and
     `planned` (the estimate of that program, chunked as `memory_budget` says).
     """
-    # Compiled as users compile: the default suite's compilation without XLA's
-    # optimisations (`conftest.py`) makes these calls run slower than it compiles
-    # them faster.
+    # Compiled as users compile, with XLA's optimisations (which the default suite
+    # turns off, `conftest.py`): the memory measured is that of users' programs,
+    # and without them these calls run longer than their compilation saves.
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="0")
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])

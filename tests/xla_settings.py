@@ -11,7 +11,8 @@ FAST_COMPILE_FLAG = "--xla_cpu_use_fusion_emitters=false"
 # JAX's own switch for XLA's "most optimisations" off (LLVM at -O0, no expensive
 # passes): programs that compile ~40% faster and run several times slower. Tests
 # marked `bitwise` compare two compiled programs bit for bit, which holds only
-# for code compiled with XLA's optimisations: they turn it off (see `conftest.py`).
+# for code compiled with XLA's optimisations: they run with the switch off (see
+# `conftest.py`).
 FAST_COMPILE_JAX = "JAX_DISABLE_MOST_OPTIMIZATIONS"
 # `GRADSOLVE_TEST_XLA_DEFAULTS=1`: the tests compile with XLA's defaults.
 XLA_DEFAULTS = "GRADSOLVE_TEST_XLA_DEFAULTS"
