@@ -194,6 +194,16 @@ CASES = {
 # checked against closed forms.
 _SLOW_CASES = {"robertson", "diffusion_40", "pendulum_stiff", "diffusion_6_backwards"}
 
+
+def _slow_marks(name):
+    # A stiff pendulum amplifies round-off: compiled without XLA's optimisations its
+    # gradient moved 1.2e-9 from the stored one (Diffrax's, compiled with them),
+    # past the 1e-9 that holds for optimised programs.
+    return (pytest.mark.slow,) + (
+        (pytest.mark.bitwise,) if name == "pendulum_stiff" else ()
+    )
+
+
 # Cases where Diffrax's default (PIDController) gradient is not the discrete adjoint of
 # its own accepted steps (it differs from Diffrax's StepTo gradient over those steps).
 _DIFFRAX_DEFAULT_DIFFERS = {"pendulum_stiff"}
@@ -206,7 +216,7 @@ def _ts(case, n=7):
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param(name, marks=pytest.mark.slow) if name in _SLOW_CASES else name
+        pytest.param(name, marks=_slow_marks(name)) if name in _SLOW_CASES else name
         for name in CASES
     ],
 )
