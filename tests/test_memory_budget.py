@@ -216,7 +216,9 @@ def measure(*specs: dict) -> list[dict]:
     # Compiled as users compile, with XLA's optimisations (which the default suite
     # turns off, `conftest.py`): the memory measured is that of users' programs,
     # and without them these calls run longer than their compilation saves.
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="0")
+    from .xla_settings import optimised  # here: this file also runs as a script
+
+    env = optimised(dict(os.environ, JAX_PLATFORMS="cpu"))
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )

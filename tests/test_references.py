@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from . import references
+from .xla_settings import optimised
 
 
 TESTS = pathlib.Path(__file__).parent
@@ -51,10 +52,9 @@ def test_a_changed_reference_is_reported():
 
 @pytest.mark.slow
 def test_stored_references_are_what_diffrax_computes():
-    env = dict(os.environ, GRADSOLVE_REFERENCES="recompute")
     # Recomputed as they were stored, with XLA's optimisations (which the default
     # suite turns off, `conftest.py`): the comparison is to round-off.
-    env["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "0"
+    env = optimised(dict(os.environ, GRADSOLVE_REFERENCES="recompute"))
     modules = _modules_with_references()
     # The slow tests too: they read stored references of their own.
     command = [sys.executable, "-m", "pytest", "-q", "-m", "", "-n", "2", *modules]

@@ -23,3 +23,9 @@ def compiled_as_users_compile() -> bool:
     optimisations (outside the tests marked `bitwise`, which always have them)."""
     fast_code = FAST_COMPILE_FLAG in os.environ.get("XLA_FLAGS", "").split()
     return not fast_code and os.environ.get(FAST_COMPILE_JAX) != "1"
+
+
+def optimised(env: dict) -> dict:
+    """`env` for a child process that compiles with XLA's optimisations, as users
+    compile (whatever the run's `FAST_COMPILE_JAX`)."""
+    return dict(env, **{FAST_COMPILE_JAX: "0"})
